@@ -1,0 +1,51 @@
+package global
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"strings"
+
+	"github.com/hybridlimit/ratelimit"
+)
+
+// DefaultPrefix is the Redis key prefix used when WithPrefix is not given.
+const DefaultPrefix = "ratelimit"
+
+// MaxVerbatimKey is the longest user key that is used in Redis verbatim;
+// longer keys are replaced by a hash.
+const MaxVerbatimKey = 128
+
+// HashTag returns the part of a Redis key that stands for the user key: the
+// key itself, or "#" and the hex SHA-256 of it when the key is longer than
+// MaxVerbatimKey bytes, holds '{' or '}', or starts with '#'. It never
+// returns a string holding braces, so it is safe inside a Cluster hash tag.
+func HashTag(key string) string {
+	if len(key) <= MaxVerbatimKey && !strings.ContainsAny(key, "{}") && !strings.HasPrefix(key, "#") {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "#" + hex.EncodeToString(sum[:])
+}
+
+// KeyBase returns "<prefix>:{<tag>}:", the part every Redis key of one user
+// key starts with, so that all of them hash to one Cluster slot. It returns
+// an error wrapping ratelimit.ErrInvalidKey for an empty key.
+func KeyBase(prefix, key string) (string, error) {
+	if err := ratelimit.CheckKey(key); err != nil {
+		return "", err
+	}
+	return prefix + ":{" + HashTag(key) + "}:", nil
+}
+
+// WindowKey returns the Redis key of the counter of window index idx (the
+// window starts at idx x Period since the Unix epoch) for FixedWindow
+// ("fw:") or SlidingWindow ("sw:"), given the KeyBase of a user key. The
+// hybrid limiter leases from these same counters.
+func WindowKey(base string, a ratelimit.Algorithm, idx int64) string {
+	suffix := "fw:"
+	if a == ratelimit.SlidingWindow {
+		suffix = "sw:"
+	}
+	return base + suffix + strconv.FormatInt(idx, 10)
+}
