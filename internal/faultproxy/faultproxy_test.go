@@ -1,0 +1,290 @@
+package faultproxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// setup starts a redis-server and a proxy in front of it, and returns a
+// client through the proxy that never retries. Everything is closed in
+// t.Cleanup, the client first.
+func setup(t *testing.T) (*redistest.Server, *Proxy, *redis.Client) {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	p, err := New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	c := newClient(t, p.Addr())
+	return srv, p, c
+}
+
+func newClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true, // honour per-call context deadlines
+		PoolSize:              1,
+		DialTimeout:           time.Second,
+		ReadTimeout:           2 * time.Second,
+		WriteTimeout:          2 * time.Second,
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// mustPing fails the test unless a PING through c succeeds.
+func mustPing(t *testing.T, c *redis.Client) {
+	t.Helper()
+	if err := c.Ping(ctxT(t, 5*time.Second)).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	srv, p, c := setup(t)
+	ctx := ctxT(t, 5*time.Second)
+	if err := c.Set(ctx, "k", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("GET = %q, %v", got, err)
+	}
+	direct := srv.Client()
+	defer direct.Close()
+	if got, err := direct.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("direct GET = %q, %v", got, err)
+	}
+	st := p.Stats()
+	if st.Accepted < 1 || st.Active != 1 || st.BytesUp == 0 || st.BytesDown == 0 || st.RepliesDropped != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestLatency(t *testing.T) {
+	_, p, c := setup(t)
+	mustPing(t, c) // connect first
+	const lat = 50 * time.Millisecond
+	p.SetLatency(lat)
+	start := time.Now()
+	mustPing(t, c)
+	if el := time.Since(start); el < lat {
+		t.Fatalf("PING took %v with latency %v", el, lat)
+	}
+	p.SetLatency(0)
+	mustPing(t, c)
+}
+
+func TestCut(t *testing.T) {
+	_, p, c := setup(t)
+	mustPing(t, c)
+	// Make a call in flight, then cut it.
+	p.SetLatency(300 * time.Millisecond)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Ping(context.Background()).Err() }()
+	time.Sleep(100 * time.Millisecond)
+	p.Cut()
+	if err := <-errc; err == nil {
+		t.Fatal("in-flight PING succeeded across Cut")
+	}
+	if st := p.Stats(); st.Active != 0 {
+		t.Fatalf("active after Cut = %d", st.Active)
+	}
+	p.SetLatency(0)
+	mustPing(t, c) // the client reconnects through the proxy
+	if st := p.Stats(); st.Accepted < 2 || st.Active != 1 {
+		t.Fatalf("stats after reconnect = %+v", st)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func TestBlock(t *testing.T) {
+	_, p, c := setup(t)
+	mustPing(t, c)
+	p.Block(true)
+	for i := 0; i < 2; i++ { // an open connection, then a fresh one
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		start := time.Now()
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil || !isTimeout(err) {
+			t.Fatalf("call %d while blocked: err = %v, want a timeout", i, err)
+		}
+		if el := time.Since(start); el > 2*time.Second {
+			t.Fatalf("call %d took %v, want about 200ms", i, el)
+		}
+	}
+	if p.Stats().Accepted < 2 {
+		t.Fatalf("blocked proxy did not accept the new connection: %+v", p.Stats())
+	}
+	p.Block(false)
+	mustPing(t, c)
+}
+
+func TestBlockHoldsThenForwards(t *testing.T) {
+	_, p, c := setup(t)
+	mustPing(t, c)
+	p.Block(true)
+	errc := make(chan error, 1)
+	go func() { errc <- c.Set(context.Background(), "held", "1", time.Minute).Err() }()
+	select {
+	case err := <-errc:
+		t.Fatalf("SET returned while blocked: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	p.Block(false)
+	if err := <-errc; err != nil {
+		t.Fatalf("held SET after unblock: %v", err)
+	}
+}
+
+func TestRefuse(t *testing.T) {
+	_, p, c := setup(t)
+	mustPing(t, c)
+	p.Refuse(true)
+	if st := p.Stats(); st.Active != 0 {
+		t.Fatalf("active after Refuse = %d", st.Active)
+	}
+	for i := 0; i < 2; i++ {
+		if err := c.Ping(ctxT(t, 2*time.Second)).Err(); err == nil {
+			t.Fatalf("call %d succeeded while refusing", i)
+		}
+	}
+	p.Refuse(false)
+	mustPing(t, c)
+}
+
+func TestDropReplies(t *testing.T) {
+	srv, p, c := setup(t)
+	mustPing(t, c) // the connection and its handshake exist before the drop
+	p.DropReplies(1)
+	ctx := ctxT(t, 5*time.Second)
+	if err := c.Incr(ctx, "k").Err(); err == nil {
+		t.Fatal("INCR got a reply that should have been dropped")
+	}
+	direct := srv.Client()
+	defer direct.Close()
+	if got, err := direct.Get(ctx, "k").Int(); err != nil || got != 1 {
+		t.Fatalf("server-side k = %d, %v; want 1 (the command was applied)", got, err)
+	}
+	if st := p.Stats(); st.RepliesDropped != 1 {
+		t.Fatalf("RepliesDropped = %d", st.RepliesDropped)
+	}
+	// Only one reply is dropped: the client reconnects and works.
+	if got, err := c.Incr(ctx, "k").Result(); err != nil || got != 2 {
+		t.Fatalf("INCR after drop = %d, %v", got, err)
+	}
+}
+
+func TestSetTarget(t *testing.T) {
+	_, p, c := setup(t)
+	srvB := redistest.Standalone(t)
+	ctx := ctxT(t, 5*time.Second)
+	if err := c.Set(ctx, "where", "a", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p.SetTarget(srvB.Addr())
+	// The open connection keeps its server.
+	if got, _ := c.Get(ctx, "where").Result(); got != "a" {
+		t.Fatalf("open connection moved: GET = %q", got)
+	}
+	p.Cut()
+	if err := c.Get(ctx, "where").Err(); err != redis.Nil {
+		// The first call after Cut may fail on the dead connection.
+		if err := c.Get(ctx, "where").Err(); err != redis.Nil {
+			t.Fatalf("new connection not on B: GET err = %v", err)
+		}
+	}
+}
+
+func TestCloseNoLeak(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ignore := goleak.IgnoreCurrent()
+	p, err := New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, PoolSize: 4})
+	ctx := ctxT(t, 5*time.Second)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Leave connections stalled in every way: blocked, delayed, idle.
+	p.SetLatency(time.Hour)
+	go c.Ping(context.Background())
+	time.Sleep(50 * time.Millisecond)
+	p.Block(true)
+	raw, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.Write([]byte("PING\r\n"))
+	time.Sleep(50 * time.Millisecond)
+
+	done := make(chan error, 1)
+	go func() { done <- p.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		t.Fatal("proxy still listening after Close")
+	}
+	c.Close()
+	goleak.VerifyNone(t, ignore)
+}
+
+func TestDialFailure(t *testing.T) {
+	// A target nobody listens on: connections are accepted, then closed.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	p, err := New(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c := newClient(t, p.Addr())
+	if err := c.Ping(ctxT(t, 5*time.Second)).Err(); err == nil {
+		t.Fatal("PING through a proxy to a dead target succeeded")
+	}
+}
