@@ -1,0 +1,43 @@
+// Package global provides exact rate limiters whose state lives in Redis:
+// every decision is one atomic Lua script call, so any number of processes
+// sharing a Redis deployment enforce one limit per key.
+//
+// # Algorithms and exactness
+//
+// A Limiter runs one of the five algorithms of ratelimit.Algorithm
+// (SlidingWindow unless WithAlgorithm says otherwise) exactly as
+// docs/algorithms.md specifies them, in integer microseconds. Redis Lua
+// numbers are IEEE doubles; every quantity the scripts compute is an integer
+// no larger than 2^53 for a Limit that passes ratelimit.Limit.Validate, and
+// every division is corrected for rounding, so a decision here is identical,
+// field by field, to the one the in-memory package local takes for the same
+// requests at the same instants.
+//
+// # Keys and expiry
+//
+// All state of one user key lives under "<prefix>:{<tag>}:" (see KeyBase and
+// HashTag): the default prefix is DefaultPrefix, and a user key that is
+// longer than MaxVerbatimKey bytes, holds '{' or '}', or starts with '#' is
+// replaced by a hash of it, so user keys never reach Redis verbatim. The
+// suffixes are "fw:<window>", "sw:<window>", "sl" and "sl:seq", "tb", and
+// "gcra". Every key a script writes gets its PEXPIRE in the same script (the
+// time the state matters, rounded up to milliseconds, plus one second of
+// grace), so no key outlives its use whatever the crash point, and a denied
+// request writes nothing.
+//
+// # Redis Cluster
+//
+// The braces around the tag are a Cluster hash tag: every key of one user key
+// hashes to one slot, each script touches one slot, and go-redis routes the
+// call by KEYS[1]. Any redis.UniversalClient works: standalone, Sentinel
+// (failover) and Cluster clients alike.
+//
+// # Time
+//
+// The scripts read the Redis server's clock (TIME), never the caller's, so
+// instances with skewed clocks count in the same windows. WithClock replaces
+// it with a caller's clock, for tests.
+//
+// Scripts are run with EVALSHA, falling back to EVAL when the server does not
+// have them cached (NOSCRIPT), so a SCRIPT FLUSH or a failover is harmless.
+package global

@@ -1,0 +1,79 @@
+-- SlidingLog, exactly as docs/algorithms.md says, in integer microseconds.
+--
+-- KEYS[1]  "<prefix>:{<tag>}:"; the log is the sorted set KEYS[1] .. "sl"
+--          (score: admission time in microseconds; member: a unique number
+--          from the counter KEYS[1] .. "sl:seq").
+-- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)
+--
+-- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
+-- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
+-- request writes nothing (stale entries are dropped only by an admission).
+
+-- floor(a/b) and ceil(a/b) for integers, corrected for the rounding of a/b.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local now = tonumber(ARGV[1])
+if now == nil or now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local n = tonumber(ARGV[2])
+local R = tonumber(ARGV[3])
+local P = tonumber(ARGV[4])
+
+local log = KEYS[1] .. 'sl'
+local seqkey = KEYS[1] .. 'sl:seq'
+local cutoff = now - P -- entries with t <= cutoff are out of the window
+
+local count = redis.call('ZCOUNT', log, cutoff + 1, '+inf')
+local allowed = 0
+if count + n <= R then
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', cutoff)
+  local last = redis.call('INCRBY', seqkey, n)
+  local m = last - n + 1
+  while m <= last do
+    local args = {}
+    local stop = m + 499
+    if stop > last then stop = last end
+    for i = m, stop do
+      args[#args + 1] = now
+      args[#args + 1] = string.format('%d', i)
+    end
+    redis.call('ZADD', log, unpack(args))
+    m = stop + 1
+  end
+  local ttl = cdiv(P, 1000) + 1000
+  redis.call('PEXPIRE', log, ttl)
+  redis.call('PEXPIRE', seqkey, ttl)
+  count = count + n
+  allowed = 1
+end
+
+local remaining = R - count
+if remaining < 0 then remaining = 0 end
+local reset = 0
+if count > 0 then
+  local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
+  reset = tonumber(newest[2]) + P - now
+end
+local retry = 0
+if allowed == 0 then
+  local k = count + n - R -- 1-based rank among the live entries
+  local tk = redis.call('ZRANGEBYSCORE', log, cutoff + 1, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+  retry = tonumber(tk[2]) + P - now
+end
+return {allowed, remaining, retry, reset}

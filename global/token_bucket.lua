@@ -1,0 +1,71 @@
+-- TokenBucket, exactly as docs/algorithms.md says, in integer microseconds.
+-- One token is P units, so the refill is exactly R units per microsecond.
+--
+-- KEYS[1]  "<prefix>:{<tag>}:"; the state is the hash KEYS[1] .. "tb"
+--          with fields u (content in units) and ts (time of u, microseconds).
+-- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  C = B * P
+--
+-- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
+-- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
+-- request writes nothing.
+
+-- floor(a/b) and ceil(a/b) for integers, corrected for the rounding of a/b.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then q = q + 1 end
+  return q
+end
+
+local now = tonumber(ARGV[1])
+if now == nil or now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local n = tonumber(ARGV[2])
+local R = tonumber(ARGV[3])
+local P = tonumber(ARGV[4])
+local C = tonumber(ARGV[5])
+
+local key = KEYS[1] .. 'tb'
+local st = redis.call('HMGET', key, 'u', 'ts')
+local u = tonumber(st[1] or '')
+local ts = tonumber(st[2] or '')
+if u == nil or ts == nil then
+  u = C
+  ts = now
+end
+
+-- u = min(C, u + max(0, now - ts) * R), the product capped: when it would
+-- exceed C - u the bucket is simply full. (A double product that is not
+-- exact is far above C - u, so the comparison still decides right.)
+local add = 0
+if now > ts then add = (now - ts) * R end
+if add >= C - u then
+  u = C
+else
+  u = u + add
+end
+if now > ts then ts = now end
+
+local need = n * P
+local allowed = 0
+if u >= need then
+  u = u - need
+  redis.call('HSET', key, 'u', u, 'ts', ts)
+  redis.call('PEXPIRE', key, cdiv(cdiv(C - u, R), 1000) + 1000)
+  allowed = 1
+end
+
+local retry = 0
+if allowed == 0 then retry = cdiv(need - u, R) end
+return {allowed, fdiv(u, P), retry, cdiv(C - u, R)}
