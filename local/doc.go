@@ -1,0 +1,27 @@
+// Package local provides in-process rate limiters and the bounded, sharded
+// key table they (and the hybrid limiter) keep per-key state in.
+//
+// A Limiter enforces one ratelimit.Limit per key with any of the five
+// algorithms of package ratelimit (FixedWindow, SlidingWindow, SlidingLog,
+// TokenBucket, GCRA). Its decisions follow docs/algorithms.md exactly, in
+// integer microseconds, so that a Limiter and a global.Limiter given the same
+// requests at the same instants decide identically; only the state lives in
+// process memory instead of Redis, so the limit holds per process, not per
+// fleet.
+//
+//	lim, err := local.New(ratelimit.PerSecond(100), local.WithAlgorithm(ratelimit.GCRA))
+//	...
+//	d, err := lim.Allow(ctx, userID)
+//	if err != nil { ... }          // invalid key or n; never a runtime failure
+//	if !d.Allowed { retry after d.RetryAfter }
+//
+// Memory is bounded: a Limiter keeps at most WithMaxKeys keys (default
+// DefaultMaxKeys) and forgets the least recently used one beyond that. A
+// forgotten key starts afresh on its next request, like a key never seen, so
+// the bound should exceed the number of keys active within one Period.
+//
+// Table is the key table itself: a generic LRU split into up to 64 shards,
+// each a hashicorp/golang-lru simplelru.LRU under its own mutex, chosen by
+// hash/maphash. A lookup of an existing key takes one shard lock and
+// allocates nothing.
+package local

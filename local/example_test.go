@@ -1,0 +1,52 @@
+package local_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/local"
+)
+
+func Example() {
+	// A fixed, hand-advanced clock makes the example deterministic.
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	lim, err := local.New(ratelimit.PerSecond(3),
+		local.WithAlgorithm(ratelimit.FixedWindow),
+		local.WithClock(func() time.Time { return now }))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		d, _ := lim.Allow(ctx, "user-1")
+		fmt.Println(d.Allowed, d.Remaining, d.RetryAfter)
+	}
+	now = now.Add(time.Second) // the next window
+	d, _ := lim.Allow(ctx, "user-1")
+	fmt.Println(d.Allowed, d.Remaining, d.RetryAfter)
+
+	_, err = lim.AllowN(ctx, "user-1", 4)
+	fmt.Println(err)
+	// Output:
+	// true 2 0s
+	// true 1 0s
+	// true 0 0s
+	// false 0 1s
+	// true 2 0s
+	// ratelimit: invalid n: n = 4 exceeds the capacity 3 of 3/1s; it could never be admitted
+}
+
+func ExampleTable() {
+	evicted := 0
+	t := local.NewTable(2, func(key string, v int) { evicted++ })
+	t.GetOrCreate("a", func() int { return 1 })
+	t.GetOrCreate("b", func() int { return 2 })
+	t.Get("a")                                  // "b" is now the least recently used
+	t.GetOrCreate("c", func() int { return 3 }) // evicts "b"
+	_, okB := t.Peek("b")
+	v, okA := t.Peek("a")
+	fmt.Println(t.Len(), t.Cap(), evicted, okB, v, okA)
+	// Output: 2 2 1 false 1 true
+}
