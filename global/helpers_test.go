@@ -2,6 +2,7 @@ package global_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -67,3 +68,5 @@ func serverMicros(t testing.TB, c redis.UniversalClient) int64 {
 	require.NoError(t, err)
 	return tm.UnixMicro()
 }
+
+func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }

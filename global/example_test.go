@@ -1,0 +1,62 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/redis/go-redis/v9"
+)
+
+// Example limits each API key to 100 requests per minute across every
+// instance of a service that shares one Redis. (It needs a Redis server, so
+// it is compiled but not run.)
+func Example() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+
+	lim, err := global.New(rdb, ratelimit.PerMinute(100),
+		global.WithAlgorithm(ratelimit.SlidingWindow))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		d, err := lim.Allow(r.Context(), r.Header.Get("X-API-Key"))
+		if err != nil {
+			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		ratelimit.SetHeaders(w.Header(), d)
+		if !d.Allowed {
+			http.Error(w, "too many requests", http.StatusTooManyRequests)
+			return
+		}
+		fmt.Fprintln(w, "hello")
+	}
+	http.HandleFunc("/", handler)
+}
+
+// ExampleLimiter_AllowN takes 5 tokens at once from a bucket of 20 that
+// refills 10 per second: all five or none.
+func ExampleLimiter_AllowN() {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"localhost:7000"}})
+	defer rdb.Close()
+
+	lim, err := global.New(rdb, ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 20},
+		global.WithAlgorithm(ratelimit.TokenBucket), global.WithPrefix("uploads"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := lim.AllowN(context.Background(), "tenant-42", 5)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !d.Allowed {
+		fmt.Println("retry in", d.RetryAfter)
+	}
+}
