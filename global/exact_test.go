@@ -3,6 +3,7 @@ package global_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -163,6 +164,28 @@ func TestExact(t *testing.T) {
 				{333334, 1, want{false, 0, 333332, 999998}},
 			},
 		},
+		{
+			// newest + P exceeds 2^53: computed as P - (now - newest).
+			name: "SlidingLog/250-year period", alg: ratelimit.SlidingLog,
+			limit: ratelimit.Limit{Rate: 1, Period: 8_000_000_000_000_000 * time.Microsecond},
+			steps: []step{
+				{0, 1, want{true, 0, 0, 8_000_000_000_000_000}},
+				{1, 1, want{false, 0, 7_999_999_999_999_999, 7_999_999_999_999_999}},
+			},
+		},
+		{
+			// tat = now + tau exceeds 2^53 (see TestGCRALongTolerance).
+			name: "GCRA/tolerance past 2^53", alg: ratelimit.GCRA,
+			limit: ratelimit.Limit{Rate: 1, Period: 24 * time.Hour, Burst: 100_000},
+			steps: []step{
+				// T = 86_400_000_000, tau = 8_640_000_000_000_000
+				{0, 100_000, want{true, 0, 0, 8_640_000_000_000_000}},
+				{0, 1, want{false, 0, 86_400_000_000, 8_640_000_000_000_000}},
+				{86_400_000_000 - 1, 1, want{false, 0, 1, 8_640_000_000_000_000 - 86_400_000_000 + 1}},
+				{86_400_000_000, 1, want{true, 0, 0, 8_640_000_000_000_000}},
+				{86_400_000_000 + 7, 2, want{false, 0, 2*86_400_000_000 - 7, 8_640_000_000_000_000 - 7}},
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -261,4 +284,27 @@ func TestExpiry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGCRALongTolerance checks that a theoretical arrival time beyond 2^53
+// microseconds (not exact as a Lua double) is stored exactly, in decimal.
+func TestGCRALongTolerance(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	clk := &fakeClock{}
+	clk.Set(t0 + 3)
+	prefix := uniquePrefix(t)
+	l, err := global.New(c, ratelimit.Limit{Rate: 1, Period: 24 * time.Hour, Burst: 100_000},
+		global.WithAlgorithm(ratelimit.GCRA), global.WithPrefix(prefix), global.WithClock(clk.Now))
+	require.NoError(t, err)
+	d, err := l.AllowN(ctx, "k", 99_999)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	tat := t0 + 3 + 99_999*86_400_000_000
+	require.Greater(t, tat, int64(1)<<53)
+	got, err := c.Get(ctx, prefix+":{k}:gcra").Result()
+	require.NoError(t, err)
+	require.Equal(t, strconv.FormatInt(tat, 10), got)
 }

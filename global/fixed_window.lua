@@ -34,20 +34,20 @@ local R = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
 
 local idx = fdiv(now, P)
-local ws = idx * P
+local e = now - idx * P -- elapsed in the window; ws + P - now = P - e
 local key = KEYS[1] .. 'fw:' .. string.format('%d', idx)
 
 local count = tonumber(redis.call('GET', key) or '0')
 local allowed = 0
 if count + n <= R then
   count = redis.call('INCRBY', key, n)
-  redis.call('PEXPIRE', key, cdiv(ws + P - now, 1000) + 1000)
+  redis.call('PEXPIRE', key, cdiv(P - e, 1000) + 1000)
   allowed = 1
 end
 
 local remaining = R - count
 if remaining < 0 then remaining = 0 end
-local reset = ws + P - now
+local reset = P - e
 local retry = 0
 if allowed == 0 then retry = reset end
 return {allowed, remaining, retry, reset}

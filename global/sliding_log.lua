@@ -9,6 +9,8 @@
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
 -- request writes nothing (stale entries are dropped only by an admission).
+-- Instants t + P can exceed 2^53 for a long Period, so they are computed
+-- as P - (now - t), whose terms cannot.
 
 -- floor(a/b) and ceil(a/b) for integers, corrected for the rounding of a/b.
 local function fdiv(a, b)
@@ -68,12 +70,12 @@ if remaining < 0 then remaining = 0 end
 local reset = 0
 if count > 0 then
   local newest = redis.call('ZRANGE', log, -1, -1, 'WITHSCORES')
-  reset = tonumber(newest[2]) + P - now
+  reset = P - (now - tonumber(newest[2]))
 end
 local retry = 0
 if allowed == 0 then
   local k = count + n - R -- 1-based rank among the live entries
   local tk = redis.call('ZRANGEBYSCORE', log, cutoff + 1, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-  retry = tonumber(tk[2]) + P - now
+  retry = P - (now - tonumber(tk[2]))
 end
 return {allowed, remaining, retry, reset}

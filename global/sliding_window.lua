@@ -36,8 +36,7 @@ local R = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
 
 local idx = fdiv(now, P)
-local ws = idx * P
-local e = now - ws
+local e = now - idx * P -- elapsed in the window; ws + P - now = P - e
 local ckey = KEYS[1] .. 'sw:' .. string.format('%d', idx)
 local pkey = KEYS[1] .. 'sw:' .. string.format('%d', idx - 1)
 
@@ -49,7 +48,7 @@ local est = fdiv(prev * (P - e), P) + curr
 local allowed = 0
 if est + n <= R then
   redis.call('INCRBY', ckey, n)
-  redis.call('PEXPIRE', ckey, cdiv(ws + 2 * P - now, 1000) + 1000)
+  redis.call('PEXPIRE', ckey, cdiv(2 * P - e, 1000) + 1000)
   curr = curr + n
   est = est + n
   allowed = 1
@@ -65,7 +64,7 @@ end
 
 local remaining = R - est
 if remaining < 0 then remaining = 0 end
-local reset = ws + P - now
+local reset = P - e
 local retry = 0
 if allowed == 0 then
   local room = R - curr - n
