@@ -11,7 +11,10 @@
 // no larger than 2^53 for a Limit that passes ratelimit.Limit.Validate, and
 // every division is corrected for rounding, so a decision here is identical,
 // field by field, to the one the in-memory package local takes for the same
-// requests at the same instants.
+// requests at the same instants. Instants that can pass 2^53 microseconds
+// for very long periods (an instant plus a Period of decades, GCRA's
+// theoretical arrival time) are computed as differences from now, and GCRA's
+// is stored as exact decimal digits, never as a double.
 //
 // # Keys and expiry
 //

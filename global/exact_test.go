@@ -228,7 +228,9 @@ func TestDeniedWritesNothing(t *testing.T) {
 				for _, k := range keys {
 					v, err := c.Dump(ctx, k).Result()
 					require.NoError(t, err)
-					m[k] = v
+					at, err := c.PExpireTime(ctx, k).Result()
+					require.NoError(t, err)
+					m[k] = v + "@" + at.String()
 				}
 				return m
 			}
