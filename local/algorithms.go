@@ -38,27 +38,37 @@ func us(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 // ceilDiv returns ceil(a/b) for a >= 0, b > 0.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-func (l *Limiter) decide(st *state, now, n int64) ratelimit.Decision {
+// decide takes the decision for n events at now on st into d, which the
+// caller passes zeroed. It runs under the lock of the key's shard.
+func (l *Limiter) decide(d *ratelimit.Decision, st *state, now, n int64) {
 	switch l.alg {
 	case ratelimit.FixedWindow:
-		return l.fixedWindow(st, now, n)
+		l.fixedWindow(d, st, now, n)
 	case ratelimit.SlidingWindow:
-		return l.slidingWindow(st, now, n)
+		l.slidingWindow(d, st, now, n)
 	case ratelimit.SlidingLog:
-		return l.slidingLog(st, now, n)
+		l.slidingLog(d, st, now, n)
 	case ratelimit.TokenBucket:
-		return l.tokenBucket(st, now, n)
+		l.tokenBucket(d, st, now, n)
 	default:
-		return l.gcra(st, now, n)
+		l.gcra(d, st, now, n)
 	}
 }
 
-func (l *Limiter) fixedWindow(st *state, now, n int64) ratelimit.Decision {
-	ws := now - now%l.p
+// windowStart returns now - now mod P, skipping the division when now is in
+// the window that starts at last.
+func (l *Limiter) windowStart(now, last int64) int64 {
+	if now >= last && now-last < l.p {
+		return last
+	}
+	return now - now%l.p
+}
+
+func (l *Limiter) fixedWindow(d *ratelimit.Decision, st *state, now, n int64) {
+	ws := l.windowStart(now, st.a)
 	if ws != st.a {
 		st.a, st.b = ws, 0
 	}
-	var d ratelimit.Decision
 	if st.b+n <= l.r {
 		st.b += n
 		d.Allowed = true
@@ -68,7 +78,6 @@ func (l *Limiter) fixedWindow(st *state, now, n int64) ratelimit.Decision {
 	if !d.Allowed {
 		d.RetryAfter = d.ResetAfter
 	}
-	return d
 }
 
 // first returns the smallest e in [0, P] with floor(c*(P-e)/P) <= room, for
@@ -77,8 +86,8 @@ func (l *Limiter) first(c, room int64) int64 {
 	return max(0, l.p-ceilDiv((room+1)*l.p, c)+1)
 }
 
-func (l *Limiter) slidingWindow(st *state, now, n int64) ratelimit.Decision {
-	ws := now - now%l.p
+func (l *Limiter) slidingWindow(d *ratelimit.Decision, st *state, now, n int64) {
+	ws := l.windowStart(now, st.a)
 	e := now - ws
 	switch {
 	case ws == st.a:
@@ -87,8 +96,10 @@ func (l *Limiter) slidingWindow(st *state, now, n int64) ratelimit.Decision {
 	default: // more than a window idle (or the clock went back): nothing counts
 		st.a, st.c, st.b = ws, 0, 0
 	}
-	est := st.c*(l.p-e)/l.p + st.b
-	var d ratelimit.Decision
+	est := st.b
+	if st.c > 0 {
+		est += st.c * (l.p - e) / l.p
+	}
 	if est+n <= l.r {
 		st.b += n
 		est += n
@@ -103,13 +114,12 @@ func (l *Limiter) slidingWindow(st *state, now, n int64) ratelimit.Decision {
 			d.RetryAfter = us(l.p - e + l.first(st.b, l.r-n))
 		}
 	}
-	return d
 }
 
 // at returns the i-th oldest logged time (0-based).
 func (st *state) at(i int) int64 { return st.log[(st.head+i)%len(st.log)] }
 
-func (l *Limiter) slidingLog(st *state, now, n int64) ratelimit.Decision {
+func (l *Limiter) slidingLog(d *ratelimit.Decision, st *state, now, n int64) {
 	for st.n > 0 && st.log[st.head] <= now-l.p {
 		st.head++
 		if st.head == len(st.log) {
@@ -117,7 +127,6 @@ func (l *Limiter) slidingLog(st *state, now, n int64) ratelimit.Decision {
 		}
 		st.n--
 	}
-	var d ratelimit.Decision
 	if int64(st.n)+n <= l.r {
 		st.push(now, int(n), int(l.r))
 		d.Allowed = true
@@ -130,7 +139,6 @@ func (l *Limiter) slidingLog(st *state, now, n int64) ratelimit.Decision {
 		k := int64(st.n) + n - l.r // 1-based, 1 <= k <= st.n
 		d.RetryAfter = us(st.at(int(k-1)) + l.p - now)
 	}
-	return d
 }
 
 // push appends k copies of t to the log, growing the ring (by doubling, up
@@ -155,18 +163,19 @@ func (st *state) push(t int64, k, limit int) {
 	}
 }
 
-func (l *Limiter) tokenBucket(st *state, now, n int64) ratelimit.Decision {
+func (l *Limiter) tokenBucket(d *ratelimit.Decision, st *state, now, n int64) {
 	u, ts := st.a, st.b
 	if dt := now - ts; dt > 0 {
-		if dt > (l.c-u)/l.r { // dt*R > C-u: full
+		// u = min(C, u + dt*R), without overflow: at dt >= fullAfter,
+		// dt*R >= C; below it dt*R < C + R.
+		if dt >= l.fullAfter {
 			u = l.c
 		} else {
-			u += dt * l.r
+			u = min(l.c, u+dt*l.r)
 		}
 		ts = now
 	}
 	need := n * l.p
-	var d ratelimit.Decision
 	if u >= need {
 		u -= need
 		st.a, st.b = u, ts
@@ -176,13 +185,11 @@ func (l *Limiter) tokenBucket(st *state, now, n int64) ratelimit.Decision {
 	}
 	d.Remaining = int(u / l.p)
 	d.ResetAfter = us(ceilDiv(l.c-u, l.r))
-	return d
 }
 
-func (l *Limiter) gcra(st *state, now, n int64) ratelimit.Decision {
+func (l *Limiter) gcra(d *ratelimit.Decision, st *state, now, n int64) {
 	tat := max(st.a, now)
 	ntat := tat + n*l.t
-	var d ratelimit.Decision
 	if ntat-now <= l.tau {
 		tat = ntat
 		st.a = tat
@@ -192,5 +199,4 @@ func (l *Limiter) gcra(st *state, now, n int64) ratelimit.Decision {
 	}
 	d.Remaining = int(max((l.tau-(tat-now))/l.t, 0))
 	d.ResetAfter = us(tat - now)
-	return d
 }

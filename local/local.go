@@ -52,15 +52,17 @@ func WithMaxKeys(n int) Option {
 	})
 }
 
-// WithClock makes the Limiter read the time from now instead of time.Now,
-// for tests and simulations. now must be safe for concurrent use if the
-// Limiter is; a nil now means time.Now. The Limiter counts in whole
-// microseconds of now().UnixMicro().
+// WithClock makes the Limiter read the time from now, for tests and
+// simulations. now must be safe for concurrent use if the Limiter is used
+// concurrently. The Limiter counts in whole microseconds of
+// now().UnixMicro().
+//
+// A nil now, like no WithClock at all, selects the default clock: the wall
+// clock, as time.Now, but read for half its cost (the wall time at an anchor
+// plus the monotonic time elapsed since, re-anchored on time.Now every
+// second; a step of the system clock is followed within a second).
 func WithClock(now func() time.Time) Option {
 	return optionFunc(func(c *config) error {
-		if now == nil {
-			now = time.Now
-		}
 		c.clock = now
 		return nil
 	})
@@ -85,12 +87,14 @@ func WithClock(now func() time.Time) Option {
 type Limiter struct {
 	limit ratelimit.Limit
 	alg   ratelimit.Algorithm
-	clock func() time.Time
+	clock func() time.Time // nil: mono
+	mono  *monoClock
 	table *Table[*state]
 
-	p, r, b int64 // Period in µs, Rate, Capacity
-	c       int64 // TokenBucket capacity in units: b * p
-	t, tau  int64 // GCRA emission interval and tolerance, µs
+	p, r, b   int64 // Period in µs, Rate, Capacity
+	c         int64 // TokenBucket capacity in units: b * p
+	fullAfter int64 // TokenBucket: ceil(c / r), the refill time of an empty bucket
+	t, tau    int64 // GCRA emission interval and tolerance, µs
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -101,7 +105,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // Period/Rate must be at least 1µs), ratelimit.ErrInvalidAlgorithm for an
 // unknown Algorithm, and ratelimit.ErrInvalidOption for a nil Option.
 func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
-	cfg := config{algorithm: DefaultAlgorithm, clock: time.Now}
+	cfg := config{algorithm: DefaultAlgorithm}
 	for _, o := range opts {
 		if o == nil {
 			return nil, fmt.Errorf("%w: nil Option", ratelimit.ErrInvalidOption)
@@ -124,6 +128,10 @@ func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
 		b:     int64(limit.Capacity()),
 	}
 	l.c = l.b * p
+	l.fullAfter = ceilDiv(l.c, l.r)
+	if l.clock == nil {
+		l.mono = newMonoClock()
+	}
 	if l.alg == ratelimit.GCRA {
 		if p < l.r {
 			return nil, fmt.Errorf("%w: GCRA needs Period >= Rate microseconds (emission interval Period/Rate >= 1µs), got %v", ratelimit.ErrInvalidLimit, limit)
@@ -161,7 +169,12 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	if err := ratelimit.CheckN(l.limit, l.alg, n); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	now := l.clock().UnixMicro()
+	var now int64
+	if l.clock != nil {
+		now = l.clock().UnixMicro()
+	} else {
+		now = l.mono.nowMicro()
+	}
 
 	s := l.table.shard(key)
 	s.mu.Lock()
@@ -171,8 +184,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		s.lru.Add(strings.Clone(key), st)
 		s.takeEvicted() // the Limiter has no eviction callback: drop the evicted state
 	}
-	d := l.decide(st, now, int64(n))
+	d := ratelimit.Decision{Limit: l.limit}
+	l.decide(&d, st, now, int64(n))
 	s.mu.Unlock()
-	d.Limit = l.limit
 	return d, nil
 }
