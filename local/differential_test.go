@@ -95,8 +95,8 @@ func TestDifferentialGlobal(t *testing.T) {
 					}
 					t.Logf("%d allowed, %d denied", allowed, denied)
 					if li < 2 || a.IsWindow() {
-					require.Positive(t, denied, "the sequence must exercise denials")
-				}
+						require.Positive(t, denied, "the sequence must exercise denials")
+					}
 					require.Positive(t, allowed)
 				})
 			}
