@@ -37,7 +37,7 @@ type LeaseArgs struct {
 
 	Want      int64 // units wanted from the current window (0: none)
 	Min       int64 // the least grant worth having (>= 1)
-	Instances int64 // instances sharing the quota; caps the grant at remainder/(2 x Instances)
+	Instances int64 // instances sharing the quota; caps the grant at remainder / Instances
 
 	Instance string // instance id; "" disables replay protection
 	Seq      int64  // per instance and key, increasing; a call with a Seq already applied replays the reply
@@ -97,3 +97,14 @@ func ParseLease(v any) (Lease, error) {
 	}
 	return Lease{Grant: f[0], Idx: f[1], Count: f[2], Now: f[3], Retry: f[4], Reset: f[5], Replayed: f[6] == 1}, nil
 }
+
+//go:embed instances.lua
+var instancesSource string
+
+// InstancesScript registers or removes a hybrid limiter instance and returns
+// how many instances heartbeated within the liveness period. KEYS: the key of
+// InstancesKey. ARGV: instance id, liveness in ms, 1 to register or 0 to leave.
+var InstancesScript = redis.NewScript(instancesSource)
+
+// InstancesKey returns the Redis key of the instance registry for prefix.
+func InstancesKey(prefix string) string { return prefix + ":instances" }

@@ -13,7 +13,7 @@
 -- ARGV[9]  want: units wanted from the current window (0: none)
 -- ARGV[10] min: the least grant worth having; below it nothing is granted
 -- ARGV[11] instances sharing the quota (the grant is capped at the
---          remainder / (2 x instances), never below min)
+--          remainder / instances, never below min)
 -- ARGV[12] instance id ("" disables idempotency)
 -- ARGV[13] sequence number of this call for the instance and key
 --
@@ -74,7 +74,8 @@ if refund > 0 and refund_idx >= idx - 1 then
 end
 
 local use_idx, use = tonumber(ARGV[7]), tonumber(ARGV[8])
-if use > 0 and use_idx >= idx - 1 and use_idx <= idx then
+-- credit estimated on a clock slightly ahead may name the next window
+if use > 0 and use_idx >= idx - 1 and use_idx <= idx + 1 then
   local k = wkey(use_idx)
   redis.call('INCRBY', k, use)
   redis.call('PEXPIRE', k, ttl(use_idx))
@@ -93,7 +94,7 @@ local avail = R - est
 if want > 0 then
   if avail >= minimum then
     grant = want
-    local cap = fdiv(avail, 2 * n)
+    local cap = fdiv(avail, n)
     if cap < minimum then cap = minimum end
     if grant > cap then grant = cap end
     if grant > avail then grant = avail end

@@ -38,8 +38,8 @@ func TestLeaseScript(t *testing.T) {
 	base, _ := global.KeyBase("leasetest", "k")
 	wk := global.WindowKey(base, ratelimit.FixedWindow, t0/P)
 
-	// capped at remainder / (2 x instances): 100/2 = 50
-	l := call(global.LeaseArgs{Now: t0 + 10, Want: 80, Min: 1})
+	// capped at remainder / instances: 100/2 = 50
+	l := call(global.LeaseArgs{Now: t0 + 10, Want: 80, Min: 1, Instances: 2})
 	require.Equal(t, global.Lease{Grant: 50, Idx: t0 / P, Count: 50, Now: t0 + 10, Reset: P - 10}, l)
 	// refund 20 of it, lease 10: 50 - 20 + 10 = 40
 	l = call(global.LeaseArgs{Now: t0 + 20, RefundIdx: t0 / P, Refund: 20, Want: 10, Min: 1})

@@ -1,0 +1,176 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
+)
+
+// tally counts allowed decisions per key and window. The window of a
+// decision is read from the decision itself: the test and Redis share this
+// machine's clock, and ResetAfter is the time to the end of the window the
+// decision counted in, so now + ResetAfter lands on that window's end (give
+// or take a round trip, far less than half a window).
+type tally struct {
+	period time.Duration
+	mu     sync.Mutex
+	perWin map[string]map[int64]int
+}
+
+func newTally(p time.Duration) *tally {
+	return &tally{period: p, perWin: map[string]map[int64]int{}}
+}
+
+func (t *tally) add(key string, d ratelimit.Decision, n int) {
+	end := time.Now().Add(d.ResetAfter).UnixMicro()
+	p := t.period.Microseconds()
+	idx := int64(math.Round(float64(end)/float64(p))) - 1
+	t.mu.Lock()
+	m := t.perWin[key]
+	if m == nil {
+		m = map[int64]int{}
+		t.perWin[key] = m
+	}
+	m[idx] += n
+	t.mu.Unlock()
+}
+
+// windows returns the counts per key of the windows entirely inside
+// [from, to] (full) and of all windows (all).
+func (t *tally) windows(key string, from, to time.Time) (full, all map[int64]int) {
+	p := t.period.Microseconds()
+	first := (from.UnixMicro() + p - 1) / p // first window starting at or after from
+	last := to.UnixMicro()/p - 1            // last window ending at or before to
+	full, all = map[int64]int{}, map[int64]int{}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for idx, n := range t.perWin[key] {
+		all[idx] = n
+	}
+	for idx := first; idx <= last; idx++ {
+		full[idx] = t.perWin[key][idx]
+	}
+	return full, all
+}
+
+// hammer runs workers goroutines per limiter, each calling AllowN in a loop
+// on the keys round-robin until d has passed.
+func hammer(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration, tl *tally) (allowed, denied int64) {
+	t.Helper()
+	var a, dn atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for li, l := range lims {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(l ratelimit.Limiter, seed int) {
+				defer wg.Done()
+				for i := seed; time.Now().Before(stop); i++ {
+					key := keys[i%len(keys)]
+					dec, err := l.AllowN(context.Background(), key, 1)
+					if err != nil {
+						t.Errorf("AllowN: %v", err)
+						return
+					}
+					if dec.Remaining < 0 {
+						t.Errorf("negative Remaining %d", dec.Remaining)
+					}
+					if dec.Allowed {
+						a.Add(1)
+						tl.add(key, dec, 1)
+					} else {
+						dn.Add(1)
+						if dec.RetryAfter <= 0 {
+							t.Errorf("denied without RetryAfter: %+v", dec)
+						}
+					}
+				}
+			}(l, li*workers+w)
+		}
+	}
+	wg.Wait()
+	return a.Load(), dn.Load()
+}
+
+// fleet makes n hybrid limiters, each with its own Redis client.
+func fleet(t *testing.T, n int, newClient func() redis.UniversalClient, limit ratelimit.Limit, opts ...hybrid.Option) ([]*hybrid.Limiter, []ratelimit.Limiter) {
+	t.Helper()
+	var hs []*hybrid.Limiter
+	var ls []ratelimit.Limiter
+	for i := 0; i < n; i++ {
+		c := newClient()
+		t.Cleanup(func() { c.Close() })
+		h, err := hybrid.New(c, limit, opts...)
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		hs = append(hs, h)
+		ls = append(ls, h)
+	}
+	return hs, ls
+}
+
+func sumStats(hs []*hybrid.Limiter) hybrid.Stats {
+	var s hybrid.Stats
+	for _, h := range hs {
+		x := h.Stats()
+		s.Decisions += x.Decisions
+		s.Allowed += x.Allowed
+		s.Denied += x.Denied
+		s.LocalDecisions += x.LocalDecisions
+		s.RoundTrips += x.RoundTrips
+		s.SyncRoundTrips += x.SyncRoundTrips
+		s.Leases += x.Leases
+		s.FlushErrors += x.FlushErrors
+		s.Fallback += x.Fallback
+	}
+	return s
+}
+
+// redisCount reads the window counter a hybrid or global FixedWindow
+// limiter keeps for key in window idx.
+func redisCount(t *testing.T, c redis.UniversalClient, prefix, key string, idx int64) int {
+	t.Helper()
+	base, err := global.KeyBase(prefix, key)
+	require.NoError(t, err)
+	n, err := c.Get(context.Background(), global.WindowKey(base, ratelimit.FixedWindow, idx)).Int()
+	if err == redis.Nil {
+		return 0
+	}
+	require.NoError(t, err)
+	return n
+}
+
+// serverWindow returns the index of the current window on Redis time and
+// how long it has left.
+func serverWindow(t *testing.T, c redis.UniversalClient, p time.Duration) (int64, time.Duration) {
+	t.Helper()
+	now, err := c.Time(context.Background()).Result()
+	require.NoError(t, err)
+	us := now.UnixMicro()
+	idx := us / p.Microseconds()
+	return idx, time.Duration((idx+1)*p.Microseconds()-us) * time.Microsecond
+}
+
+// freshWindow waits until at least need is left of the current window.
+func freshWindow(t *testing.T, c redis.UniversalClient, p, need time.Duration) int64 {
+	t.Helper()
+	idx, left := serverWindow(t, c, p)
+	if left < need {
+		time.Sleep(left + 5*time.Millisecond)
+		idx, _ = serverWindow(t, c, p)
+	}
+	return idx
+}
+
+func uniq(t *testing.T) string { return fmt.Sprintf("t%d", time.Now().UnixNano()) }

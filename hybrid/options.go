@@ -1,0 +1,256 @@
+package hybrid
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+)
+
+// Mode selects how strictly the hybrid limiter backs its decisions with
+// quota granted by Redis.
+type Mode int
+
+const (
+	// Strict (the default): every allowed decision is backed by quota that
+	// Redis granted atomically, so per window the fleet never allows more
+	// than the limit while Redis is reachable.
+	Strict Mode = iota
+	// Optimistic: when its lease runs dry an instance may admit up to a
+	// local share of the limit per window on credit, without waiting for
+	// Redis, and reports that usage at the next sync. Per window the fleet
+	// may overshoot the limit by at most the sum of the instances' shares
+	// (see docs/tuning.md).
+	Optimistic
+)
+
+// String returns "strict" or "optimistic".
+func (m Mode) String() string {
+	switch m {
+	case Strict:
+		return "strict"
+	case Optimistic:
+		return "optimistic"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// FailureMode selects what a decision does when Redis cannot answer in time
+// and the instance holds no leased quota for the key.
+type FailureMode int
+
+const (
+	// FailLocal (the default): decide with a local budget of this instance's
+	// share of the limit (Rate / instances) per window, and report what it
+	// admitted to Redis when Redis is back.
+	FailLocal FailureMode = iota
+	// FailOpen: allow every request (and still report the counts later).
+	FailOpen
+	// FailClosed: deny every request that leased quota does not cover.
+	FailClosed
+)
+
+// String returns "local", "open" or "closed".
+func (f FailureMode) String() string {
+	switch f {
+	case FailLocal:
+		return "local"
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("FailureMode(%d)", int(f))
+}
+
+// Defaults of the options.
+const (
+	DefaultSyncInterval     = 100 * time.Millisecond
+	DefaultMaxKeys          = 100_000
+	DefaultTimeout          = 100 * time.Millisecond
+	DefaultBreakerFailures  = 3
+	DefaultBreakerOpenFor   = 500 * time.Millisecond
+	DefaultHeartbeatEvery   = time.Second
+	DefaultOptimisticShare  = 8 // optimistic share = Rate / (8 x instances)
+	instanceLivenessFactor  = 3 // an instance counts as alive for 3 heartbeats
+	defaultFinalFlushBudget = 2 * time.Second
+)
+
+type config struct {
+	algorithm       ratelimit.Algorithm
+	syncInterval    time.Duration
+	maxKeys         int
+	prefix          string
+	mode            Mode
+	timeout         time.Duration
+	failure         FailureMode
+	instances       int
+	breakerFailures int
+	breakerOpenFor  time.Duration
+	heartbeatEvery  time.Duration
+	instanceID      string
+	observer        func(Event)
+}
+
+func defaultConfig() config {
+	return config{
+		algorithm:       ratelimit.FixedWindow,
+		syncInterval:    DefaultSyncInterval,
+		maxKeys:         DefaultMaxKeys,
+		prefix:          global.DefaultPrefix,
+		mode:            Strict,
+		timeout:         DefaultTimeout,
+		failure:         FailLocal,
+		breakerFailures: DefaultBreakerFailures,
+		breakerOpenFor:  DefaultBreakerOpenFor,
+		heartbeatEvery:  DefaultHeartbeatEvery,
+	}
+}
+
+// Option configures a Limiter in New.
+type Option interface{ apply(*config) error }
+
+type optionFunc func(*config) error
+
+func (f optionFunc) apply(c *config) error { return f(c) }
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ratelimit.ErrInvalidOption}, args...)...)
+}
+
+// WithAlgorithm selects the window algorithm: ratelimit.FixedWindow (the
+// default) or ratelimit.SlidingWindow. The other algorithms cannot be leased
+// in slices and are rejected with ratelimit.ErrInvalidAlgorithm; use the
+// global package for them.
+func WithAlgorithm(a ratelimit.Algorithm) Option {
+	return optionFunc(func(c *config) error {
+		if a != ratelimit.FixedWindow && a != ratelimit.SlidingWindow {
+			return fmt.Errorf("%w: the hybrid limiter supports FixedWindow and SlidingWindow, not %v", ratelimit.ErrInvalidAlgorithm, a)
+		}
+		c.algorithm = a
+		return nil
+	})
+}
+
+// WithSyncInterval sets how often the background syncer reconciles with
+// Redis (default 100ms). Shorter intervals mean smaller leases and fresher
+// counts for more round trips; see docs/tuning.md.
+func WithSyncInterval(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d < time.Millisecond {
+			return invalid("sync interval must be >= 1ms, got %v", d)
+		}
+		c.syncInterval = d
+		return nil
+	})
+}
+
+// WithMaxKeys bounds the keys tracked in memory (default 100,000). The least
+// recently used key beyond it is evicted; its unused lease is returned to
+// Redis at the next sync.
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return invalid("max keys must be >= 1, got %d", n)
+		}
+		c.maxKeys = n
+		return nil
+	})
+}
+
+// WithPrefix sets the Redis key prefix (default "ratelimit"). Limiters that
+// share a prefix, limit and algorithm, hybrid or global, share one quota.
+func WithPrefix(p string) Option {
+	return optionFunc(func(c *config) error {
+		if p == "" {
+			return invalid("empty prefix")
+		}
+		c.prefix = p
+		return nil
+	})
+}
+
+// WithMode selects Strict (the default) or Optimistic.
+func WithMode(m Mode) Option {
+	return optionFunc(func(c *config) error {
+		if m != Strict && m != Optimistic {
+			return invalid("unknown mode %v", m)
+		}
+		c.mode = m
+		return nil
+	})
+}
+
+// WithTimeout sets the deadline of every Redis call (default 100ms). A
+// decision never waits on Redis longer than this.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if d <= 0 {
+			return invalid("timeout must be > 0, got %v", d)
+		}
+		c.timeout = d
+		return nil
+	})
+}
+
+// WithFailureMode selects what happens when Redis cannot answer: FailLocal
+// (the default), FailOpen or FailClosed. Quota already leased is always
+// served first.
+func WithFailureMode(f FailureMode) Option {
+	return optionFunc(func(c *config) error {
+		if f != FailLocal && f != FailOpen && f != FailClosed {
+			return invalid("unknown failure mode %v", f)
+		}
+		c.failure = f
+		return nil
+	})
+}
+
+// WithInstances fixes the number of instances sharing the quota. By default
+// (0) each instance heartbeats to Redis and learns how many are alive. The
+// number sizes leases (a lease takes at most remainder / instances),
+// the optimistic share, and the FailLocal budget (Rate / instances).
+func WithInstances(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 0 {
+			return invalid("instances must be >= 0, got %d", n)
+		}
+		c.instances = n
+		return nil
+	})
+}
+
+// WithBreaker sets the circuit breaker: after failures consecutive failed
+// Redis calls (default 3) no decision waits on Redis for openFor (default
+// 500ms); then one call probes, and the background syncer probes too.
+func WithBreaker(failures int, openFor time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		if failures < 1 || openFor <= 0 {
+			return invalid("breaker needs failures >= 1 and openFor > 0, got %d, %v", failures, openFor)
+		}
+		c.breakerFailures, c.breakerOpenFor = failures, openFor
+		return nil
+	})
+}
+
+// WithInstanceID names this instance in Redis (default: random). Two live
+// limiters must never share an id.
+func WithInstanceID(id string) Option {
+	return optionFunc(func(c *config) error {
+		if id == "" {
+			return invalid("empty instance id")
+		}
+		c.instanceID = id
+		return nil
+	})
+}
+
+// WithObserver registers fn to receive Events (degraded, recovered, flush
+// errors). fn runs on the limiter's goroutines and must not block.
+func WithObserver(fn func(Event)) Option {
+	return optionFunc(func(c *config) error {
+		c.observer = fn
+		return nil
+	})
+}

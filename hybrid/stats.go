@@ -1,0 +1,97 @@
+package hybrid
+
+import (
+	"time"
+
+	"github.com/hybridlimit/ratelimit/internal/breaker"
+)
+
+// Stats are counters of a Limiter since New. Every field only grows, but
+// KeysTracked, Instances and Degraded, which are current values.
+type Stats struct {
+	Decisions      uint64 // AllowN calls that returned a decision
+	Allowed        uint64 // decisions that admitted
+	Denied         uint64 // decisions that denied
+	LocalDecisions uint64 // decisions taken in memory, without waiting on Redis
+	RoundTrips     uint64 // Redis round trips of every kind (a pipeline counts once)
+	SyncRoundTrips uint64 // round trips a decision waited on
+	Leases         uint64 // grants of quota received from Redis
+	LeasedUnits    uint64 // units of quota granted
+	Refunded       uint64 // unused leased units given back to Redis
+	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
+	FlushErrors    uint64 // syncer flushes that failed (and were retried)
+	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
+	KeysTracked    int    // keys held in memory now
+	Instances      int    // instances sharing the quota, as last learned
+	Degraded       bool   // the circuit breaker is open: decisions do not wait on Redis
+}
+
+// Stats returns the Limiter's counters. It walks the key table, so call it
+// from monitoring, not per request.
+func (h *Limiter) Stats() Stats {
+	s := Stats{
+		RoundTrips:     h.st.roundTrips.Load(),
+		SyncRoundTrips: h.st.syncRoundTrips.Load(),
+		Leases:         h.st.leases.Load(),
+		LeasedUnits:    h.st.leasedUnits.Load(),
+		Refunded:       h.st.refunded.Load(),
+		Reported:       h.st.reported.Load(),
+		FlushErrors:    h.st.flushErrors.Load(),
+		Fallback:       h.st.fallback.Load(),
+		Allowed:        h.st.retiredAllowed.Load(),
+		Denied:         h.st.retiredDenied.Load(),
+		LocalDecisions: h.st.retiredLocal.Load(),
+		KeysTracked:    h.table.Len(),
+		Instances:      int(h.instances()),
+		Degraded:       h.brk.State() != breaker.Closed,
+	}
+	h.table.Range(func(_ string, c *counter) bool {
+		s.Allowed += c.allowed.Load()
+		s.Denied += c.denied.Load()
+		s.LocalDecisions += c.local.Load()
+		return true
+	})
+	s.Decisions = s.Allowed + s.Denied
+	return s
+}
+
+// EventKind tells what an Event reports.
+type EventKind int
+
+const (
+	// EventDegraded: Redis failed repeatedly; the circuit breaker opened and
+	// decisions follow the failure mode without waiting on Redis.
+	EventDegraded EventKind = iota + 1
+	// EventRecovered: Redis answers again; the breaker closed.
+	EventRecovered
+	// EventFlushError: a background sync failed; it will be retried.
+	EventFlushError
+)
+
+// String returns "degraded", "recovered" or "flush-error".
+func (k EventKind) String() string {
+	switch k {
+	case EventDegraded:
+		return "degraded"
+	case EventRecovered:
+		return "recovered"
+	case EventFlushError:
+		return "flush-error"
+	}
+	return "EventKind(?)"
+}
+
+// Event is what an observer registered with WithObserver receives.
+type Event struct {
+	Kind EventKind
+	Err  error // the failure, for EventFlushError
+	Time time.Time
+}
+
+func (h *Limiter) emit(e Event) {
+	if h.cfg.observer == nil {
+		return
+	}
+	e.Time = time.Now()
+	h.cfg.observer(e)
+}
