@@ -48,10 +48,10 @@ type counter struct {
 	debts   []debt
 	pending []global.LeaseArgs // sent by the syncer, reply not seen: resent as they are
 
-	flight  *flight // the synchronous lease call in progress, guarded by mu
-	nextIdx  int64  // the lowest window an estimated lease may take, guarded by mu
-	spentIdx int64  // the window of the last dropped lease, guarded by mu
-	spent    int64  // what that window borrowed on credit, guarded by mu
+	flight   *flight // the synchronous lease call in progress, guarded by mu
+	nextIdx  int64   // the lowest window an estimated lease may take, guarded by mu
+	spentIdx int64   // the window of the last dropped lease, guarded by mu
+	spent    int64   // what that window borrowed on credit, guarded by mu
 
 	rate atomicFloat // smoothed units admitted per sync tick, written by the syncer
 }

@@ -43,7 +43,7 @@ type Limiter struct {
 
 	offsetUS      atomic.Int64 // Redis time minus local wall time, microseconds
 	liveInstances atomic.Int64
-	nextBeat      int64 // monotonic ns; owned by the syncer goroutine
+	nextBeat      int64        // monotonic ns; owned by the syncer goroutine
 	seq           atomic.Int64 // sequence of the syncer's calls, for replay protection
 	draining      atomic.Int32 // Flush or Close in progress: give back, do not top up
 
