@@ -15,9 +15,10 @@ import (
 //	TokenBucket:   a = content u (one token = P units), b = ts
 //	GCRA:          a = tat
 type state struct {
-	a, b, c int64
-	log     []int64
-	head, n int
+	promoted uint64 // the shard's tick when the entry last moved to the LRU front
+	a, b, c  int64
+	log      []int64
+	head, n  int
 }
 
 func (l *Limiter) newState(now int64) *state {

@@ -77,6 +77,11 @@ func WithClock(now func() time.Time) Option {
 // A decision on a key takes only the lock of that key's shard, for tens of
 // nanoseconds, and allocates nothing unless the key is new.
 //
+// Recency is tracked lazily: a key is moved to the front of its shard's LRU
+// list only once it has drifted past the first three quarters of the list,
+// so a key is forgotten only after at least a quarter of its shard's
+// capacity of other keys were inserted or used after its last use.
+//
 // Memory per key: about 200 bytes for FixedWindow, SlidingWindow,
 // TokenBucket and GCRA (table entry, key bytes and counters); SlidingLog adds
 // 8 bytes per logged event, at most Rate events per key (the ring grows on
@@ -91,6 +96,7 @@ type Limiter struct {
 	mono  *monoClock
 	table *Table[*state]
 
+	maxN      int   // the largest valid n: Rate (windows) or Capacity (buckets)
 	p, r, b   int64 // Period in µs, Rate, Capacity
 	c         int64 // TokenBucket capacity in units: b * p
 	fullAfter int64 // TokenBucket: ceil(c / r), the refill time of an empty bucket
@@ -128,6 +134,10 @@ func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
 		b:     int64(limit.Capacity()),
 	}
 	l.c = l.b * p
+	l.maxN = limit.Rate
+	if !l.alg.IsWindow() {
+		l.maxN = limit.Capacity()
+	}
 	l.fullAfter = ceilDiv(l.c, l.r)
 	if l.clock == nil {
 		l.mono = newMonoClock()
@@ -163,11 +173,11 @@ func (l *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, er
 // Burst for the buckets). ctx is not consulted: a local decision never
 // waits.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
-	if err := ratelimit.CheckKey(key); err != nil {
-		return ratelimit.Decision{}, err
-	}
-	if err := ratelimit.CheckN(l.limit, l.alg, n); err != nil {
-		return ratelimit.Decision{}, err
+	if key == "" || n <= 0 || n > l.maxN { // the checks of CheckKey and CheckN, inlined
+		if err := ratelimit.CheckKey(key); err != nil {
+			return ratelimit.Decision{}, err
+		}
+		return ratelimit.Decision{}, ratelimit.CheckN(l.limit, l.alg, n)
 	}
 	var now int64
 	if l.clock != nil {
@@ -178,11 +188,23 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 
 	s := l.table.shard(key)
 	s.mu.Lock()
-	st, ok := s.lru.Get(key)
+	// Lazy promotion: an entry moved to the front fewer than gap (3/4 of the
+	// shard's capacity) insertions or moves ago is still within the front
+	// three quarters of its shard, so it is looked up without moving it.
+	// This spares the writes and cache misses of relinking neighbours on most
+	// decisions, and still evicts only keys left unused while at least a
+	// quarter of the shard's capacity of other keys were inserted or moved.
+	st, ok := s.lru.Peek(key)
 	if !ok {
 		st = l.newState(now)
 		s.lru.Add(strings.Clone(key), st)
 		s.takeEvicted() // the Limiter has no eviction callback: drop the evicted state
+		s.tick++
+		st.promoted = s.tick
+	} else if s.tick-st.promoted >= s.gap {
+		s.lru.Get(key) // move to the front
+		s.tick++
+		st.promoted = s.tick
 	}
 	d := ratelimit.Decision{Limit: l.limit}
 	l.decide(&d, st, now, int64(n))

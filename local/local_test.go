@@ -350,3 +350,28 @@ func TestErrorsAreWrapped(t *testing.T) {
 	require.True(t, errors.Is(err, ratelimit.ErrInvalidLimit))
 	require.Contains(t, err.Error(), "Rate")
 }
+
+// With lazy promotion a key in steady use is still never forgotten, however
+// many new keys pass through the table.
+func TestLimiterKeepsKeyInUse(t *testing.T) {
+	for _, maxKeys := range []int{1, 2, 8, 100, 1000} {
+		c := newClock()
+		lim := newLim(t, ratelimit.PerHour(1), ratelimit.FixedWindow, c, local.WithMaxKeys(maxKeys))
+		ctx := context.Background()
+		d, err := lim.Allow(ctx, "hot")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		for i := 0; i < 20*maxKeys+100; i++ {
+			if maxKeys > 1 || i%2 == 0 { // a 1-key table holds only the newest key
+				d, err = lim.Allow(ctx, "hot")
+				require.NoError(t, err)
+				require.False(t, d.Allowed, "maxKeys=%d i=%d: the hot key was forgotten", maxKeys, i)
+			}
+			if maxKeys > 1 {
+				_, err = lim.Allow(ctx, "new"+strconv.Itoa(i))
+				require.NoError(t, err)
+			}
+		}
+		require.LessOrEqual(t, lim.Len(), maxKeys)
+	}
+}

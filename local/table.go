@@ -45,7 +45,12 @@ type tableShard[V any] struct {
 	evKey string
 	evVal V
 	evOK  bool
-	_     [64]byte // keep the hot mutexes of neighbouring shards on separate cache lines
+	// For the Limiter's approximate promotion (see Limiter.AllowN): tick
+	// counts the entries inserted or moved to the front; an entry moved to
+	// the front fewer than gap ticks ago is within the front gap entries.
+	tick uint64
+	gap  uint64
+	_    [64]byte // keep the hot mutexes of neighbouring shards on separate cache lines
 }
 
 // NewTable returns an empty Table holding at most maxKeys keys (DefaultMaxKeys
@@ -82,6 +87,7 @@ func NewTable[V any](maxKeys int, onEvict func(key string, v V)) *Table[V] {
 			panic("local: " + err.Error())
 		}
 		s.lru = lru
+		s.gap = uint64(max(1, size-max(1, size/4))) // size-1 at most: an entry is moved before it reaches the tail
 	}
 	return t
 }
