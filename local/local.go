@@ -14,7 +14,9 @@ import (
 const DefaultAlgorithm = ratelimit.SlidingWindow
 
 // An Option configures a Limiter. Options are made by WithAlgorithm,
-// WithMaxKeys and WithClock.
+// WithMaxKeys and WithClock; New rejects a nil Option with
+// ratelimit.ErrInvalidOption. Options are applied in order: a later one
+// overrides an earlier one of the same kind.
 type Option interface {
 	apply(*config) error
 }
@@ -42,9 +44,10 @@ func WithAlgorithm(a ratelimit.Algorithm) Option {
 	})
 }
 
-// WithMaxKeys bounds the number of keys whose state the Limiter keeps; the
-// least recently used key is forgotten when the bound is reached (its next
-// request starts afresh, as a key never seen). n <= 0 means DefaultMaxKeys.
+// WithMaxKeys bounds the number of keys whose state the Limiter keeps; when
+// a shard of the key table is full, a key unused for long (see Limiter) is
+// forgotten, and its next request starts afresh, as a key never seen.
+// n <= 0 means DefaultMaxKeys.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
 		c.maxKeys = n
