@@ -335,6 +335,14 @@ func TestDecisionOnExistingKeyDoesNotAllocate(t *testing.T) {
 				require.NoError(t, err)
 			}
 			i := 0
+			step := func() {
+				c.Advance(time.Millisecond)
+				_, _ = lim.Allow(ctx, keys[i%len(keys)])
+				i++
+			}
+			for j := 0; j < 2000; j++ { // SlidingLog: let the rings reach their full size first
+				step()
+			}
 			allocs := testing.AllocsPerRun(1000, func() {
 				c.Advance(time.Millisecond)
 				_, _ = lim.Allow(ctx, keys[i%len(keys)])
