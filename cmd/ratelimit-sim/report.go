@@ -1,0 +1,144 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/hybridlimit/ratelimit/hybrid"
+)
+
+func printHeader(out io.Writer, cfg config, backend string, wl *workload) {
+	fmt.Fprintf(out, "ratelimit-sim: %d instances x %d workers, %d keys", cfg.instances, cfg.workers, cfg.keys)
+	if cfg.zipf > 0 {
+		fmt.Fprintf(out, " (Zipf s=%g: hottest key %.1f%% of decisions, coldest %.3f%%)",
+			cfg.zipf, 100*wl.share[0], 100*wl.share[len(wl.share)-1])
+	} else {
+		fmt.Fprint(out, " (uniform)")
+	}
+	fmt.Fprintf(out, ", limit %d per %v per key\n", cfg.limit, cfg.period)
+	if cfg.rate > 0 {
+		fmt.Fprintf(out, "  open loop: %s decisions/s offered to the fleet", commas(uint64(cfg.rate)))
+	} else {
+		fmt.Fprint(out, "  closed loop: every worker decides as fast as it can")
+	}
+	fmt.Fprintf(out, ", %v per phase\n", cfg.duration)
+	fmt.Fprintf(out, "  hybrid: mode %v, sync %v, timeout %v, instances learned by heartbeat; global: FixedWindow, one script call per decision\n",
+		cfg.mode, cfg.sync, cfg.timeout)
+	fmt.Fprintf(out, "  %s\n", backend)
+}
+
+// optimisticBound is the most the fleet may admit per key and window in
+// optimistic mode: Rate + instances x share, share = Rate / (8 x instances).
+func optimisticBound(cfg config) int {
+	share := max(1, cfg.limit/(hybrid.DefaultOptimisticShare*cfg.instances))
+	return cfg.limit + cfg.instances*share
+}
+
+func per1000(n, d uint64) string {
+	if d == 0 {
+		return "-"
+	}
+	v := 1000 * float64(n) / float64(d)
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+func perSec(n uint64, r phaseResult) float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(n) / r.elapsed.Seconds()
+}
+
+func printReport(out io.Writer, cfg config, res *results) {
+	h, g := res.hybrid, res.global
+	fmt.Fprintln(out)
+	row := func(label, a, b string) { fmt.Fprintf(out, "%-46s %20s  %20s\n", label, a, b) }
+	row("", "hybrid ("+cfg.mode.String()+")", "global (per request)")
+	row("decisions", commas(h.decisions), commas(g.decisions))
+	row("allowed", commas(h.allowed), commas(g.allowed))
+	row("denied", commas(h.denied), commas(g.denied))
+	row("decisions/s (fleet)", commas(uint64(perSec(h.decisions, h))), commas(uint64(perSec(g.decisions, g))))
+	row("allowed/s", commas(uint64(perSec(h.allowed, h))), commas(uint64(perSec(g.allowed, g))))
+	row("Redis round trips / 1000 decisions", per1000(h.roundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
+	row("  waited on by a decision / 1000", per1000(h.stats.SyncRoundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
+	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
+	for _, q := range []struct {
+		label string
+		q     float64
+	}{{"latency p50", 0.5}, {"latency p99", 0.99}, {"latency p999", 0.999}} {
+		row(q.label, fmtDur(h.lat.quantile(q.q)), fmtDur(g.lat.quantile(q.q)))
+	}
+	row(fmt.Sprintf("max allowed per key-window (limit %d)", cfg.limit), fmt.Sprint(h.maxWin), fmt.Sprint(g.maxWin))
+	minW := func(r phaseResult) string {
+		if r.minWinSat < 0 {
+			return "- (no key denied)"
+		}
+		return fmt.Sprintf("%d (%d keys)", r.minWinSat, r.satKeys)
+	}
+	row("min allowed per full key-window, keys denied", minW(h), minW(g))
+	hot := func(r phaseResult) string {
+		if len(r.hot) == 0 {
+			return "-"
+		}
+		lo, hi := r.hot[0], r.hot[0]
+		for _, n := range r.hot {
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		return fmt.Sprintf("%d..%d", lo, hi)
+	}
+	row("hottest key: allowed per full window", hot(h), hot(g))
+	row("key-windows over the limit", fmt.Sprint(h.overLimit), fmt.Sprint(g.overLimit))
+	row("full windows per key", fmt.Sprint(h.fullWindows), fmt.Sprint(g.fullWindows))
+	row("hybrid leases granted / sync flush errors", commas(h.stats.Leases)+" / "+commas(h.stats.FlushErrors), "-")
+	row("fallback decisions (Redis too slow)", commas(h.stats.Fallback), "-")
+	row("errors", commas(h.errs), commas(g.errs))
+	fmt.Fprintln(out)
+
+	hRT := float64(h.roundTrips) / float64(max(h.decisions, 1))
+	gRT := float64(g.roundTrips) / float64(max(g.decisions, 1))
+	if hRT > 0 {
+		fmt.Fprintf(out, "round trips per decision: global / hybrid = %.0fx (target >= 50x)\n", gRT/hRT)
+	} else {
+		fmt.Fprintln(out, "round trips per decision: the hybrid made none during the run")
+	}
+	if gs := perSec(g.decisions, g); gs > 0 {
+		fmt.Fprintf(out, "decisions/s: hybrid / global = %.0fx (target >= 50x)\n", perSec(h.decisions, h)/gs)
+	}
+	switch cfg.mode {
+	case hybrid.Strict:
+		verdict := "held"
+		if h.maxWin > cfg.limit {
+			verdict = "VIOLATED"
+			if h.stats.Fallback > 0 {
+				verdict += fmt.Sprintf(" (%s decisions came from the failure mode: Redis did not answer within %v)", commas(h.stats.Fallback), cfg.timeout)
+			}
+		}
+		fmt.Fprintf(out, "strict bound, max allowed per key-window <= %d: %s (max %d)\n", cfg.limit, verdict, h.maxWin)
+	case hybrid.Optimistic:
+		b := optimisticBound(cfg)
+		verdict := "held"
+		if h.maxWin > b {
+			verdict = "VIOLATED"
+		}
+		fmt.Fprintf(out, "optimistic bound, max allowed per key-window <= limit + instances x share = %d: %s (max %d)\n", b, verdict, h.maxWin)
+	}
+	var notes []string
+	if h.lost+g.lost > 0 {
+		notes = append(notes, fmt.Sprintf("%d allowed decisions fell outside the tallied windows", h.lost+g.lost))
+	}
+	for _, r := range []phaseResult{h, g} {
+		if r.firstErr != nil {
+			notes = append(notes, fmt.Sprintf("%s: first error: %v", r.name, r.firstErr))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(out, "notes:\n  "+strings.Join(notes, "\n  "))
+	}
+}

@@ -1,0 +1,476 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
+)
+
+// run parses args, runs the hybrid phase and the global phase, and prints
+// their results side by side to stdout. It returns flag.ErrHelp for -h, an
+// error for bad flags or an unreachable Redis, and ctx's error when ctx is
+// cancelled (Ctrl-C) before both phases are done.
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	cfg, err := parseArgs(args, stdout)
+	if err != nil {
+		return err
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := simulate(ctx, cfg, stdout)
+	if err != nil {
+		return err
+	}
+	printReport(stdout, cfg, res)
+	return nil
+}
+
+// results are what simulate measured.
+type results struct {
+	backend string
+	hybrid  phaseResult
+	global  phaseResult
+}
+
+// epoch is the base of mono, the monotonic clock every measurement uses.
+var epoch = time.Now()
+
+func mono() int64 { return int64(time.Since(epoch)) }
+
+func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) {
+	res := &results{}
+	addrs := cfg.redisAddrs
+	if len(addrs) == 0 {
+		mr, err := miniredis.Run()
+		if err != nil {
+			return nil, fmt.Errorf("embedded miniredis: %w", err)
+		}
+		defer mr.Close()
+		addrs = []string{mr.Addr()}
+		res.backend = "embedded miniredis (in-process, Lua interpreted in Go)"
+	} else if len(addrs) == 1 {
+		res.backend = "redis " + addrs[0]
+	} else {
+		res.backend = fmt.Sprintf("redis cluster %v", addrs)
+	}
+
+	// Server time at mono 0, so that decisions are attributed to the
+	// windows Redis counts in whatever this machine's clock says.
+	probe, _ := newClient(addrs)
+	baseUS, err := serverBase(ctx, probe)
+	probe.Close()
+	if err != nil {
+		return nil, fmt.Errorf("redis %v: %w", addrs, err)
+	}
+
+	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+	wl := newWorkload(cfg.keys, cfg.zipf)
+	runID := fmt.Sprintf("%x", uint32(time.Now().UnixNano()))
+	printHeader(out, cfg, res.backend, wl)
+
+	// Phase 1: the hybrid fleet.
+	{
+		prefix := cfg.prefix + ":" + runID + ":hybrid"
+		var (
+			lims []ratelimit.Limiter
+			hs   []*hybrid.Limiter
+			rts  []*rtCounter
+			cls  []redis.UniversalClient
+		)
+		closeAll := func() error {
+			// In parallel, as separate processes would shut down.
+			errs := make([]error, len(hs))
+			var wg sync.WaitGroup
+			for i, h := range hs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[i] = h.Close()
+				}()
+			}
+			wg.Wait()
+			for _, c := range cls {
+				c.Close()
+			}
+			return errors.Join(errs...)
+		}
+		for i := 0; i < cfg.instances; i++ {
+			c, rt := newClient(addrs)
+			cls, rts = append(cls, c), append(rts, rt)
+			h, err := hybrid.New(c, limit,
+				hybrid.WithPrefix(prefix),
+				hybrid.WithSyncInterval(cfg.sync),
+				hybrid.WithMode(cfg.mode),
+				hybrid.WithTimeout(cfg.timeout),
+				hybrid.WithInstanceID(fmt.Sprintf("sim-%s-%d", runID, i)),
+			)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("hybrid.New: %w", err)
+			}
+			hs, lims = append(hs, h), append(lims, h)
+		}
+		r := runPhase(ctx, out, "hybrid", cfg, wl, lims, rts, baseUS, func() hybrid.Stats {
+			var s hybrid.Stats
+			for _, h := range hs {
+				addStats(&s, h.Stats())
+			}
+			return s
+		})
+		if err := closeAll(); err != nil && r.firstErr == nil {
+			r.firstErr = fmt.Errorf("close: %w", err)
+		}
+		res.hybrid = r
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+
+	// Phase 2: the same workload, one global (per-request) decision each.
+	{
+		prefix := cfg.prefix + ":" + runID + ":global"
+		var (
+			lims []ratelimit.Limiter
+			rts  []*rtCounter
+			cls  []redis.UniversalClient
+		)
+		for i := 0; i < cfg.instances; i++ {
+			c, rt := newClient(addrs)
+			cls, rts = append(cls, c), append(rts, rt)
+			g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
+			if err != nil {
+				for _, c := range cls {
+					c.Close()
+				}
+				return nil, fmt.Errorf("global.New: %w", err)
+			}
+			lims = append(lims, g)
+		}
+		res.global = runPhase(ctx, out, "global", cfg, wl, lims, rts, baseUS, nil)
+		for _, c := range cls {
+			c.Close()
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func addStats(s *hybrid.Stats, x hybrid.Stats) {
+	s.Decisions += x.Decisions
+	s.Allowed += x.Allowed
+	s.Denied += x.Denied
+	s.LocalDecisions += x.LocalDecisions
+	s.RoundTrips += x.RoundTrips
+	s.SyncRoundTrips += x.SyncRoundTrips
+	s.Leases += x.Leases
+	s.LeasedUnits += x.LeasedUnits
+	s.Refunded += x.Refunded
+	s.Reported += x.Reported
+	s.FlushErrors += x.FlushErrors
+	s.Fallback += x.Fallback
+	s.KeysTracked += x.KeysTracked
+	s.Instances = max(s.Instances, x.Instances)
+}
+
+// serverBase returns Redis server time, in microseconds since the epoch, at
+// mono 0.
+func serverBase(ctx context.Context, c redis.UniversalClient) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	t0 := mono()
+	t, err := c.Time(ctx).Result()
+	t1 := mono()
+	if err != nil {
+		return 0, err
+	}
+	return t.UnixMicro() - (t0+t1)/2/1000, nil
+}
+
+// newClient makes one Redis client, as one process of the fleet would have,
+// with a hook counting its round trips: one per command, one per pipeline.
+// For a Cluster the hook sits on every node's client, so a pipeline split
+// over three nodes counts three.
+func newClient(addrs []string) (redis.UniversalClient, *rtCounter) {
+	rt := &rtCounter{}
+	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs})
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.OnNewNode(func(n *redis.Client) { n.AddHook(rt) })
+	} else {
+		c.AddHook(rt)
+	}
+	return c, rt
+}
+
+// rtCounter is a go-redis hook counting round trips.
+type rtCounter struct {
+	n atomic.Uint64
+	_ [56]byte
+}
+
+func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+func sumRT(rts []*rtCounter) uint64 {
+	var n uint64
+	for _, r := range rts {
+		n += r.n.Load()
+	}
+	return n
+}
+
+// phaseResult is what one phase measured.
+type phaseResult struct {
+	name                       string
+	elapsed                    time.Duration
+	decisions, allowed, denied uint64
+	errs                       uint64
+	firstErr                   error
+	roundTrips                 uint64 // counted by the hook while the workers ran
+	hasStats                   bool
+	stats                      hybrid.Stats // hybrid only, summed over the fleet when the workers stopped
+	lat                        hist
+
+	fullWindows int       // full windows per key inside the phase
+	maxWin      int       // most allowed for one key in one window (any window)
+	minWinSat   int       // least allowed for one key in one full window, over keys that saw denials; -1: none
+	satKeys     int       // keys that saw denials
+	overLimit   int       // key-windows above the limit
+	lost        uint64    // allowed decisions whose window fell outside the tally
+	hot         []int     // allowed per full window of the hottest key (key 0)
+	offered     []float64 // decisions/s offered per key
+}
+
+// worker is the state of one deciding goroutine; it owns everything but
+// progress, which the progress printer reads.
+type worker struct {
+	progress                         atomic.Uint64
+	_                                [56]byte
+	lat                              hist
+	decisions, allowed, denied, errs uint64
+	deniedKey                        []uint32
+	firstErr                         error
+}
+
+// tally counts allowed decisions per key and window. A decision belongs to
+// the window that ends ResetAfter after it was taken; the server time of
+// that end, rounded to the nearest window boundary, names the window (the
+// same attribution the hybrid package's tests use).
+type tally struct {
+	p      int64 // period in microseconds
+	first  int64 // window index of slot 0
+	n      int   // slots per key
+	baseUS int64
+	c      []atomic.Uint32
+	lost   atomic.Uint64
+}
+
+func (t *tally) add(key int, endMono int64) {
+	us := t.baseUS + endMono/1000
+	s := (us+t.p/2)/t.p - 1 - t.first
+	if s < 0 || s >= int64(t.n) {
+		t.lost.Add(1)
+		return
+	}
+	t.c[key*t.n+int(s)].Add(1)
+}
+
+func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *workload,
+	lims []ratelimit.Limiter, rts []*rtCounter, baseUS int64, stats func() hybrid.Stats) phaseResult {
+	r := phaseResult{name: name, minWinSat: -1}
+	pUS := cfg.period.Microseconds()
+	start := mono()
+	startUS := baseUS + start/1000
+	t := &tally{p: pUS, first: startUS/pUS - 1, n: int(cfg.duration/cfg.period) + 4, baseUS: baseUS}
+	t.c = make([]atomic.Uint32, t.n*cfg.keys)
+
+	nw := cfg.instances * cfg.workers
+	workers := make([]*worker, nw)
+	var interval int64 // open loop: ns between two decisions of one worker
+	if cfg.rate > 0 {
+		interval = int64(float64(nw) / cfg.rate * 1e9)
+	}
+	var stop atomic.Bool
+	rt0 := sumRT(rts)
+	start = mono()
+	var wg sync.WaitGroup
+	for i := range workers {
+		w := &worker{deniedKey: make([]uint32, cfg.keys)}
+		workers[i] = w
+		lim := lims[i/cfg.workers]
+		pk := wl.picker(cfg.seed, uint64(i))
+		offset := start + interval*int64(i)/int64(nw)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := uint64(0); !stop.Load(); j++ {
+				if j&15 == 0 {
+					w.progress.Store(w.decisions)
+					// A request handler does I/O between decisions and so
+					// yields; a tight loop would not, and with dozens of
+					// them on a few cores the goroutines waiting on Redis
+					// replies would sit in the run queue for whole
+					// scheduler slices (10ms each).
+					runtime.Gosched()
+				}
+				k := pk.next()
+				if interval > 0 {
+					if d := offset + int64(j)*interval - mono(); d > 0 {
+						time.Sleep(time.Duration(d))
+					}
+				}
+				t0 := mono()
+				d, err := lim.AllowN(ctx, wl.keys[k], 1)
+				t1 := mono()
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					w.errs++
+					if w.firstErr == nil {
+						w.firstErr = err
+					}
+					continue
+				}
+				w.lat.record(time.Duration(t1 - t0))
+				w.decisions++
+				if d.Allowed {
+					w.allowed++
+					t.add(k, t1+int64(d.ResetAfter))
+				} else {
+					w.denied++
+					w.deniedKey[k]++
+				}
+			}
+		}()
+	}
+
+	// Stop at the deadline or on ctx; print progress every second.
+	deadline := time.NewTimer(cfg.duration)
+	tick := time.NewTicker(time.Second)
+	var last uint64
+	lastAt := start
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-deadline.C:
+			break loop
+		case <-tick.C:
+			var n uint64
+			for _, w := range workers {
+				n += w.progress.Load()
+			}
+			now := mono()
+			fmt.Fprintf(out, "  %-6s %5.1fs  decisions %12s  %12s/s\n", name,
+				float64(now-start)/1e9, commas(n), commas(uint64(float64(n-last)/(float64(now-lastAt)/1e9))))
+			last, lastAt = n, now
+		}
+	}
+	stop.Store(true)
+	deadline.Stop()
+	tick.Stop()
+	wg.Wait()
+	end := mono()
+	r.elapsed = time.Duration(end - start)
+	r.roundTrips = sumRT(rts) - rt0
+	if stats != nil {
+		r.hasStats, r.stats = true, stats()
+	}
+
+	deniedKey := make([]uint64, cfg.keys)
+	for _, w := range workers {
+		r.decisions += w.decisions
+		r.allowed += w.allowed
+		r.denied += w.denied
+		r.errs += w.errs
+		if r.firstErr == nil && w.firstErr != nil {
+			r.firstErr = w.firstErr
+		}
+		r.lat.merge(&w.lat)
+		for k, n := range w.deniedKey {
+			deniedKey[k] += uint64(n)
+		}
+	}
+
+	// Windows: the strict bound holds for every window; utilisation is
+	// judged on full windows of the keys that were driven past the limit.
+	endUS := baseUS + end/1000
+	firstFull := (baseUS + start/1000 + pUS - 1) / pUS
+	lastFull := endUS/pUS - 1
+	r.fullWindows = int(max(0, lastFull-firstFull+1))
+	for k := 0; k < cfg.keys; k++ {
+		sat := deniedKey[k] > 0
+		if sat {
+			r.satKeys++
+		}
+		for s := 0; s < t.n; s++ {
+			n := int(t.c[k*t.n+s].Load())
+			r.maxWin = max(r.maxWin, n)
+			if n > cfg.limit {
+				r.overLimit++
+			}
+			idx := t.first + int64(s)
+			full := idx >= firstFull && idx <= lastFull
+			if sat && full && (r.minWinSat < 0 || n < r.minWinSat) {
+				r.minWinSat = n
+			}
+			if k == 0 && full {
+				r.hot = append(r.hot, n)
+			}
+		}
+	}
+	r.lost = t.lost.Load()
+	return r
+}
+
+// commas formats n with thousands separators.
+func commas(n uint64) string {
+	s := fmt.Sprint(n)
+	var b []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b = append(b, ',')
+		}
+		b = append(b, s[i])
+	}
+	return string(b)
+}
