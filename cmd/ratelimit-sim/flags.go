@@ -13,21 +13,22 @@ import (
 
 // config is what the flags set.
 type config struct {
-	redisAddrs []string // empty: embedded miniredis
-	instances  int
-	workers    int // per instance
-	keys       int
-	zipf       float64 // exponent of the key popularity; 0 = uniform
-	rate       float64 // offered decisions/s for the whole fleet; 0 = closed loop
-	limit      int     // per key per period
-	period     time.Duration
-	duration   time.Duration // per phase
-	sync       time.Duration
-	timeout    time.Duration
-	mode       hybrid.Mode
-	prefix     string
-	seed       uint64
-	cpuProfile string
+	redisAddrs   []string // empty: embedded miniredis
+	instances    int
+	workers      int // per instance
+	keys         int
+	zipf         float64 // exponent of the key popularity; 0 = uniform
+	rate         float64 // offered decisions/s for the whole fleet; 0 = closed loop
+	limit        int     // per key per period
+	period       time.Duration
+	duration     time.Duration // per phase
+	sync         time.Duration
+	timeout      time.Duration
+	mode         hybrid.Mode
+	prefix       string
+	seed         uint64
+	cpuProfile   string
+	fixInstances bool
 }
 
 func defaults() config {
@@ -66,6 +67,7 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.duration, "duration", c.duration, "how long each phase runs")
 	fs.DurationVar(&c.sync, "sync", c.sync, "hybrid sync interval")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "hybrid Redis call timeout (after it a decision follows the failure mode)")
+	fs.BoolVar(&c.fixInstances, "fix-instances", false, "tell every hybrid instance the fleet size (WithInstances) instead of letting it learn it by heartbeat")
 	mode := fs.String("mode", c.mode.String(), "hybrid mode: strict or optimistic")
 	fs.StringVar(&c.prefix, "prefix", c.prefix, "Redis key prefix (a run id and the phase are appended)")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the workload's random key choice")

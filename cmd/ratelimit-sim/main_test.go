@@ -53,7 +53,7 @@ func TestSimulateTiny(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{"hybrid (strict)", "global (per request)", "decisions/s (fleet)",
 		"Redis round trips / 1000 decisions", "latency p999", "max allowed per key-window (limit 200)",
-		"round trips per decision: global / hybrid", "strict bound", ": held"} {
+		"round trips per decision: global / hybrid", "strict bound, max allowed per key-window <= limit = 200: held"} {
 		require.Contains(t, s, want)
 	}
 	require.Contains(t, s, "  hybrid   1.0s  decisions", "progress line")
@@ -62,11 +62,12 @@ func TestSimulateTiny(t *testing.T) {
 
 func TestRunOptimistic(t *testing.T) {
 	var out bytes.Buffer
-	args := append(append([]string{}, tiny...), "--mode", "optimistic", "--rate", "4000", "--zipf", "0")
+	args := append(append([]string{}, tiny...), "--mode", "optimistic", "--rate", "4000", "--zipf", "0", "--fix-instances")
 	require.NoError(t, run(context.Background(), args, &out))
 	s := out.String()
 	require.Contains(t, s, "hybrid (optimistic)")
 	require.Contains(t, s, "open loop: 4,000 decisions/s")
+	require.Contains(t, s, "instances fixed at 2")
 	require.Contains(t, s, "optimistic bound, max allowed per key-window <= limit + instances x share = 224: held")
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -117,32 +118,39 @@ func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) 
 			}
 			return errors.Join(errs...)
 		}
+		opts := []hybrid.Option{
+			hybrid.WithPrefix(prefix),
+			hybrid.WithSyncInterval(cfg.sync),
+			hybrid.WithMode(cfg.mode),
+			hybrid.WithTimeout(cfg.timeout),
+		}
+		if cfg.fixInstances {
+			opts = append(opts, hybrid.WithInstances(cfg.instances))
+		}
 		for i := 0; i < cfg.instances; i++ {
 			c, rt := newClient(addrs)
 			cls, rts = append(cls, c), append(rts, rt)
-			h, err := hybrid.New(c, limit,
-				hybrid.WithPrefix(prefix),
-				hybrid.WithSyncInterval(cfg.sync),
-				hybrid.WithMode(cfg.mode),
-				hybrid.WithTimeout(cfg.timeout),
-				hybrid.WithInstanceID(fmt.Sprintf("sim-%s-%d", runID, i)),
-			)
+			h, err := hybrid.New(c, limit, append(opts, hybrid.WithInstanceID(fmt.Sprintf("sim-%s-%d", runID, i)))...)
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("hybrid.New: %w", err)
 			}
 			hs, lims = append(hs, h), append(lims, h)
 		}
+		instLo, instHi := math.MaxInt, 0
 		r := runPhase(ctx, out, "hybrid", cfg, wl, lims, rts, baseUS, func() hybrid.Stats {
 			var s hybrid.Stats
 			for _, h := range hs {
-				addStats(&s, h.Stats())
+				x := h.Stats()
+				addStats(&s, x)
+				instLo, instHi = min(instLo, x.Instances), max(instHi, x.Instances)
 			}
 			return s
 		})
 		if err := closeAll(); err != nil && r.firstErr == nil {
 			r.firstErr = fmt.Errorf("close: %w", err)
 		}
+		r.instLo, r.instHi = instLo, instHi
 		res.hybrid = r
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -268,12 +276,15 @@ type phaseResult struct {
 	stats                      hybrid.Stats // hybrid only, summed over the fleet when the workers stopped
 	lat                        hist
 
-	fullWindows int       // full windows per key inside the phase
-	maxWin      int       // most allowed for one key in one window (any window)
-	minWinSat   int       // least allowed for one key in one full window, over keys that saw denials; -1: none
-	satKeys     int       // keys that saw denials
-	overLimit   int       // key-windows above the limit
-	lost        uint64    // allowed decisions whose window fell outside the tally
+	fullWindows int    // full windows per key inside the phase
+	maxWin      int    // most allowed for one key in one window (any window, the first and last partial ones too)
+	maxFull     int    // most allowed for one key in one full window
+	minWinSat   int    // least allowed for one key in one full window in which it saw denials; -1: none
+	satWins     int    // full key-windows in which the key saw denials
+	overLimit   int    // key-windows above the limit
+	lost        uint64 // allowed decisions whose window fell outside the tally
+	instLo      int    // instances sharing the quota as the hybrid instances saw it at the end
+	instHi      int
 	hot         []int     // allowed per full window of the hottest key (key 0)
 	offered     []float64 // decisions/s offered per key
 }
@@ -285,7 +296,7 @@ type worker struct {
 	_                                [56]byte
 	lat                              hist
 	decisions, allowed, denied, errs uint64
-	deniedKey                        []uint32
+	lastDenied                       []int64 // per key: the last window it was denied in, +1 (0: never)
 	firstErr                         error
 }
 
@@ -299,7 +310,20 @@ type tally struct {
 	n      int   // slots per key
 	baseUS int64
 	c      []atomic.Uint32
+	denied []atomic.Uint32 // 1: the key saw a denial in the window
 	lost   atomic.Uint64
+}
+
+// deny notes that key was denied at mono time at, in the window Redis was in
+// then. Each worker writes the shared flag once per key and window (last
+// holds the worker's last window per key), so hot keys cause no contention.
+func (t *tally) deny(key int, at int64, last []int64) {
+	s := (t.baseUS+at/1000)/t.p - t.first
+	if s < 0 || s >= int64(t.n) || last[key] == s+1 {
+		return
+	}
+	last[key] = s + 1
+	t.denied[key*t.n+int(s)].Store(1)
 }
 
 func (t *tally) add(key int, endMono int64) {
@@ -320,6 +344,7 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 	startUS := baseUS + start/1000
 	t := &tally{p: pUS, first: startUS/pUS - 1, n: int(cfg.duration/cfg.period) + 4, baseUS: baseUS}
 	t.c = make([]atomic.Uint32, t.n*cfg.keys)
+	t.denied = make([]atomic.Uint32, t.n*cfg.keys)
 
 	nw := cfg.instances * cfg.workers
 	workers := make([]*worker, nw)
@@ -332,7 +357,7 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 	start = mono()
 	var wg sync.WaitGroup
 	for i := range workers {
-		w := &worker{deniedKey: make([]uint32, cfg.keys)}
+		w := &worker{lastDenied: make([]int64, cfg.keys)}
 		workers[i] = w
 		lim := lims[i/cfg.workers]
 		pk := wl.picker(cfg.seed, uint64(i))
@@ -376,7 +401,7 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 					t.add(k, t1+int64(d.ResetAfter))
 				} else {
 					w.denied++
-					w.deniedKey[k]++
+					t.deny(k, t1, w.lastDenied)
 				}
 			}
 		}()
@@ -416,7 +441,6 @@ loop:
 		r.hasStats, r.stats = true, stats()
 	}
 
-	deniedKey := make([]uint64, cfg.keys)
 	for _, w := range workers {
 		r.decisions += w.decisions
 		r.allowed += w.allowed
@@ -426,9 +450,6 @@ loop:
 			r.firstErr = w.firstErr
 		}
 		r.lat.merge(&w.lat)
-		for k, n := range w.deniedKey {
-			deniedKey[k] += uint64(n)
-		}
 	}
 
 	// Windows: the strict bound holds for every window; utilisation is
@@ -438,10 +459,6 @@ loop:
 	lastFull := endUS/pUS - 1
 	r.fullWindows = int(max(0, lastFull-firstFull+1))
 	for k := 0; k < cfg.keys; k++ {
-		sat := deniedKey[k] > 0
-		if sat {
-			r.satKeys++
-		}
 		for s := 0; s < t.n; s++ {
 			n := int(t.c[k*t.n+s].Load())
 			r.maxWin = max(r.maxWin, n)
@@ -450,8 +467,14 @@ loop:
 			}
 			idx := t.first + int64(s)
 			full := idx >= firstFull && idx <= lastFull
-			if sat && full && (r.minWinSat < 0 || n < r.minWinSat) {
-				r.minWinSat = n
+			if full {
+				r.maxFull = max(r.maxFull, n)
+			}
+			if full && t.denied[k*t.n+s].Load() != 0 {
+				r.satWins++
+				if r.minWinSat < 0 || n < r.minWinSat {
+					r.minWinSat = n
+				}
 			}
 			if k == 0 && full {
 				r.hot = append(r.hot, n)
