@@ -72,6 +72,7 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("allowed/s", commas(uint64(perSec(h.allowed, h))), commas(uint64(perSec(g.allowed, g))))
 	row("Redis round trips / 1000 decisions", per1000(h.roundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
 	row("  waited on by a decision / 1000", per1000(h.stats.SyncRoundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
+	row("  commands they carried / 1000 (pipelined)", per1000(h.commands, h.decisions), per1000(g.commands, g.decisions))
 	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
 	for _, q := range []struct {
 		label string

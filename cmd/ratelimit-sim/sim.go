@@ -234,10 +234,12 @@ func newClient(addrs []string) (redis.UniversalClient, *rtCounter) {
 	return c, rt
 }
 
-// rtCounter is a go-redis hook counting round trips.
+// rtCounter is a go-redis hook counting round trips, and the commands
+// they carry (a pipeline is one round trip of many commands).
 type rtCounter struct {
-	n atomic.Uint64
-	_ [56]byte
+	n    atomic.Uint64
+	cmds atomic.Uint64
+	_    [48]byte
 }
 
 func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -245,6 +247,7 @@ func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		c.n.Add(1)
+		c.cmds.Add(1)
 		return next(ctx, cmd)
 	}
 }
@@ -252,16 +255,17 @@ func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		c.n.Add(1)
+		c.cmds.Add(uint64(len(cmds)))
 		return next(ctx, cmds)
 	}
 }
 
-func sumRT(rts []*rtCounter) uint64 {
-	var n uint64
+func sumRT(rts []*rtCounter) (trips, cmds uint64) {
 	for _, r := range rts {
-		n += r.n.Load()
+		trips += r.n.Load()
+		cmds += r.cmds.Load()
 	}
-	return n
+	return trips, cmds
 }
 
 // phaseResult is what one phase measured.
@@ -272,6 +276,7 @@ type phaseResult struct {
 	errs                       uint64
 	firstErr                   error
 	roundTrips                 uint64 // counted by the hook while the workers ran
+	commands                   uint64 // commands those round trips carried
 	hasStats                   bool
 	stats                      hybrid.Stats // hybrid only, summed over the fleet when the workers stopped
 	lat                        hist
@@ -353,7 +358,7 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 		interval = int64(float64(nw) / cfg.rate * 1e9)
 	}
 	var stop atomic.Bool
-	rt0 := sumRT(rts)
+	rt0, cmd0 := sumRT(rts)
 	start = mono()
 	var wg sync.WaitGroup
 	for i := range workers {
@@ -436,7 +441,8 @@ loop:
 	wg.Wait()
 	end := mono()
 	r.elapsed = time.Duration(end - start)
-	r.roundTrips = sumRT(rts) - rt0
+	rt1, cmd1 := sumRT(rts)
+	r.roundTrips, r.commands = rt1-rt0, cmd1-cmd0
 	if stats != nil {
 		r.hasStats, r.stats = true, stats()
 	}
