@@ -201,6 +201,37 @@ type Decision struct {
 	ResetAfter time.Duration
 }
 
+// FailureMode selects what a Redis-backed limiter decides when Redis does
+// not answer in time (or the circuit breaker is open).
+type FailureMode int
+
+const (
+	// FailLocal decides from memory with this instance's share of the limit
+	// (Rate / instances) per window; the hybrid limiter reports what it
+	// admitted to Redis when Redis is back. The default of the hybrid limiter.
+	FailLocal FailureMode = iota
+	// FailOpen allows every request.
+	FailOpen
+	// FailClosed denies every request that quota already held does not cover.
+	FailClosed
+)
+
+// String returns "local", "open" or "closed".
+func (f FailureMode) String() string {
+	switch f {
+	case FailLocal:
+		return "local"
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return "FailureMode(" + strconv.Itoa(int(f)) + ")"
+}
+
+// Valid reports whether f is one of the declared failure modes.
+func (f FailureMode) Valid() bool { return f >= FailLocal && f <= FailClosed }
+
 // Header names written by SetHeaders.
 const (
 	HeaderLimit      = "X-RateLimit-Limit"

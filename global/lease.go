@@ -69,6 +69,11 @@ type Lease struct {
 	Retry    int64 // when Grant < Min: microseconds until Min units could fit
 	Reset    int64 // microseconds until the end of window Idx
 	Replayed bool  // the call repeated one already applied; this is its original reply
+	// Superseded: the call was sent again after a later call of the same
+	// instance and key was applied. This is the later call's reply; whether
+	// this call was applied is unknown, and a grant it got is lost to the
+	// caller (counted in Redis, never used: the safe side).
+	Superseded bool
 }
 
 // ErrBadReply reports a script reply of an unexpected shape.
@@ -95,7 +100,7 @@ func ParseLease(v any) (Lease, error) {
 			return Lease{}, fmt.Errorf("%w: %v", ErrBadReply, v)
 		}
 	}
-	return Lease{Grant: f[0], Idx: f[1], Count: f[2], Now: f[3], Retry: f[4], Reset: f[5], Replayed: f[6] == 1}, nil
+	return Lease{Grant: f[0], Idx: f[1], Count: f[2], Now: f[3], Retry: f[4], Reset: f[5], Replayed: f[6] == 1, Superseded: f[6] == 2}, nil
 }
 
 //go:embed instances.lua

@@ -17,11 +17,13 @@
 -- ARGV[12] instance id ("" disables idempotency)
 -- ARGV[13] sequence number of this call for the instance and key
 --
--- Returns {grant, idx, est, now, retry, reset, replayed}: the units granted
+-- Returns {grant, idx, est, now, retry, reset, replay}: the units granted
 -- from window idx; the window's count after the call (for sw, the weighted
 -- estimate); the time used; when grant < min, the microseconds until min
--- could fit; the microseconds to the end of window idx; 1 when this call
--- was a retry of one already applied (its original reply is returned).
+-- could fit; the microseconds to the end of window idx; 0 for a call applied
+-- now, 1 when this call was applied before and its reply is replayed, 2 when
+-- a later call of the instance was applied since (its reply is returned:
+-- this call's own grant, if any, is lost to the caller).
 local base = KEYS[1]
 local algo = ARGV[1]
 local P = tonumber(ARGV[2])
@@ -50,7 +52,11 @@ local ikey = base .. 'i:' .. inst
 if inst ~= '' then
   local last = redis.call('HMGET', ikey, 's', 'g', 'x', 'e', 'n', 'r', 'z')
   if last[1] and tonumber(last[1]) >= seq then
-    return {tonumber(last[2]), tonumber(last[3]), tonumber(last[4]), tonumber(last[5]), tonumber(last[6]), tonumber(last[7]), 1}
+    -- 1: this very call was applied and its reply is replayed; 2: a later
+    -- call of the instance was applied since, and its reply is returned.
+    local replay = 1
+    if tonumber(last[1]) > seq then replay = 2 end
+    return {tonumber(last[2]), tonumber(last[3]), tonumber(last[4]), tonumber(last[5]), tonumber(last[6]), tonumber(last[7]), replay}
   end
 end
 

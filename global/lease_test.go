@@ -69,6 +69,15 @@ func TestLeaseScript(t *testing.T) {
 	next := call(global.LeaseArgs{Base: b2, Now: t0 + 90, Want: 10, Min: 1, Instance: "i1", Seq: 2})
 	require.False(t, next.Replayed)
 	require.Equal(t, "20", c.Get(ctx, global.WindowKey(b2, ratelimit.FixedWindow, t0/P)).Val())
+	// an older call sent again after a newer one is superseded, never applied
+	old := call(global.LeaseArgs{Base: b2, Now: t0 + 95, Want: 10, Min: 1, Instance: "i1", Seq: 1})
+	require.True(t, old.Superseded)
+	require.False(t, old.Replayed)
+	require.Equal(t, "20", c.Get(ctx, global.WindowKey(b2, ratelimit.FixedWindow, t0/P)).Val())
+	// other instances have their own sequence
+	other := call(global.LeaseArgs{Base: b2, Now: t0 + 99, Want: 10, Min: 1, Instance: "i2", Seq: 1})
+	require.False(t, other.Replayed || other.Superseded)
+	require.Equal(t, "30", c.Get(ctx, global.WindowKey(b2, ratelimit.FixedWindow, t0/P)).Val())
 
 	bad, err := redistest.KeysWithoutTTL(ctx, c)
 	require.NoError(t, err)

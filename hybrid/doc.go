@@ -26,7 +26,7 @@
 //     evicted, idle for a whole window, flushed or closed goes back to Redis.
 //
 // When Redis does not answer within the timeout, decisions follow the
-// FailureMode (FailLocal by default) with a nil error, and a circuit breaker
+// ratelimit.FailureMode (FailLocal by default) with a nil error, and a circuit breaker
 // keeps later decisions from waiting on Redis until it answers again.
 //
 // Windows come from Redis server time; see docs/architecture.md and

@@ -20,6 +20,19 @@ type op struct {
 
 // tick runs at the start of every sync tick, on the syncer goroutine.
 func (h *Limiter) tick(ctx context.Context) {
+	if h.brk.State() != breaker.Closed {
+		// Probe in the background, so that the breaker closes even when no
+		// decision and no flush asks Redis anything.
+		pctx, cancel := context.WithTimeout(ctx, h.cfg.timeout)
+		err := h.client.Ping(pctx).Err()
+		cancel()
+		h.st.roundTrips.Add(1)
+		if err == nil {
+			h.brk.Success()
+		} else {
+			h.brk.Failure()
+		}
+	}
 	if h.cfg.instances == 0 && h.mono() >= h.nextBeat {
 		h.nextBeat = h.mono() + int64(h.cfg.heartbeatEvery)
 		h.heartbeat(ctx, true)
@@ -52,9 +65,7 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 		again []*counter
 	)
 	for _, c := range batch {
-		if o, ok := h.plan(c, mono); ok {
-			ops = append(ops, o)
-		}
+		ops = h.plan(ops, c, mono)
 	}
 	var err error
 	if len(ops) > 0 {
@@ -74,11 +85,18 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 	return again, err
 }
 
-// plan decides what to send for c: first a call whose reply was lost (sent
-// again as it was, so Redis replays instead of applying it twice), otherwise
-// one debt (refund and credit of one window) together with a top-up of the
-// current lease when the key is busy.
-func (h *Limiter) plan(c *counter, mono int64) (op, bool) {
+// plan appends to ops what to send for c: first every call whose reply was
+// lost, sent again as it was so that Redis replays instead of applying it
+// twice; then one call per window c owes (refund and credit); and, when the
+// key is busy and nothing is in doubt, a top-up of its lease, carried by the
+// last call.
+//
+// Replay protection keeps the reply of a key's latest call only, so a call
+// sent again after a later one was applied gets the later reply. Only the
+// last call of a key may ask for quota, and only when no call is in doubt:
+// then a replayed reply can lose a grant (quota counted in Redis and never
+// used, the safe side) but never install one twice.
+func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	c.dirty.Store(false)
 	used := c.used.Swap(0)
 	c.rate.store((c.rate.load() + float64(used)) / 2)
@@ -93,7 +111,9 @@ func (h *Limiter) plan(c *counter, mono int64) (op, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.lease.Load()
-	if l != nil && (mono >= l.deadline || c.dead.Load()) {
+	// While Flush or Close drains, a lease installed since they retired the
+	// counters (a top-up reply of the tick they waited for) goes back too.
+	if l != nil && (mono >= l.deadline || c.dead.Load() || h.draining.Load() > 0) {
 		c.lease.Store(nil)
 		if mono >= l.deadline {
 			c.nextIdx = max(c.nextIdx, l.idx+1)
@@ -106,40 +126,45 @@ func (h *Limiter) plan(c *counter, mono int64) (op, bool) {
 			c.owe(l.idx, 0, cr)
 		}
 	}
-	if len(c.pending) > 0 {
-		return op{c: c, args: c.pending[0]}, true
+	inDoubt := len(c.pending) > 0
+	for _, p := range c.pending {
+		ops = append(ops, op{c: c, args: p})
 	}
-	a := global.LeaseArgs{
-		Base: c.base, Algorithm: h.cfg.algorithm, Limit: h.limit,
-		RefundIdx: -1, UseIdx: -1, Min: 1, Instances: h.instances(), Instance: h.id,
+	newCall := func() global.LeaseArgs {
+		return global.LeaseArgs{
+			Base: c.base, Algorithm: h.cfg.algorithm, Limit: h.limit,
+			RefundIdx: -1, UseIdx: -1, Min: 1, Instances: h.instances(), Instance: h.id,
+			// One limiter-wide sequence: a key's counter can be dropped
+			// and made again, and Redis must never take the new counter's
+			// first call for a replay of the old one's.
+			Seq: h.seq.Add(1),
+		}
 	}
-	any := false
-	if len(c.debts) > 0 {
-		d := c.debts[0]
-		c.debts = c.debts[1:]
+	var calls []global.LeaseArgs
+	for _, d := range c.debts {
+		a := newCall()
 		a.RefundIdx, a.Refund, a.UseIdx, a.Use = d.idx, d.refund, d.idx, d.use
-		any = true
+		calls = append(calls, a)
 	}
-	if !c.dead.Load() && used > 0 && h.draining.Load() == 0 && h.brk.State() != breaker.Open {
+	c.debts = c.debts[:0]
+	if !inDoubt && !c.dead.Load() && used > 0 && h.draining.Load() == 0 && h.brk.State() != breaker.Open {
 		target := h.target(c)
 		var have int64
 		if l != nil && l.known {
 			have = l.avail.Load()
 		}
 		if have < target/2+1 {
-			a.Want = target - have
-			any = true
+			if len(calls) == 0 {
+				calls = append(calls, newCall())
+			}
+			calls[len(calls)-1].Want = target - have
 		}
 	}
-	if !any {
-		return op{}, false
+	for _, a := range calls {
+		c.pending = append(c.pending, a)
+		ops = append(ops, op{c: c, args: a})
 	}
-	// Sequence numbers come from one limiter-wide counter: a key's counter
-	// can be dropped and made again, and Redis must never take the new
-	// counter's first call for a replay of the old one's.
-	a.Seq = h.seq.Add(1)
-	c.pending = append(c.pending, a)
-	return op{c: c, args: a}, true
+	return ops
 }
 
 // send runs ops in one pipeline (go-redis splits it per Cluster node) and
@@ -210,16 +235,34 @@ func anyNoScript(ops []op) bool {
 func (h *Limiter) applied(o op, res global.Lease, before, after int64) {
 	c := o.c
 	c.mu.Lock()
-	if len(c.pending) > 0 && c.pending[0].Seq == o.args.Seq {
-		c.pending = c.pending[1:]
+	for i, p := range c.pending {
+		if p.Seq == o.args.Seq {
+			c.pending = append(c.pending[:i], c.pending[i+1:]...)
+			break
+		}
 	}
 	c.mu.Unlock()
 	h.st.refunded.Add(uint64(o.args.Refund))
 	h.st.reported.Add(uint64(o.args.Use))
+	if res.Superseded {
+		return // not this call's reply: its grant, if any, stays unused in Redis
+	}
 	if !res.Replayed {
 		h.observeTime(res.Now, before, after)
 	}
 	if o.args.Want > 0 {
+		if res.Replayed {
+			// The reply is as old as the call: its window may be over. The
+			// grant is usable only if the window is still the current one.
+			res.Reset -= h.startUS + before/1000 + h.offsetUS.Load() - res.Now
+			if res.Reset <= 0 {
+				c.mu.Lock()
+				c.owe(res.Idx, res.Grant, 0)
+				c.mu.Unlock()
+				h.mark(c)
+				return
+			}
+		}
 		h.install(c, res, before)
 	}
 }

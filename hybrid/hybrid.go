@@ -238,6 +238,10 @@ var errBreakerOpen = errors.New("hybrid: circuit breaker open")
 func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ratelimit.Decision, error) {
 	h.inflight.Add(1)
 	defer h.inflight.Done()
+	// One deadline for the whole decision, however many lease calls it
+	// takes: a decision never waits on Redis longer than the timeout.
+	timer := time.NewTimer(h.cfg.timeout)
+	defer timer.Stop()
 	for attempt := 0; ; attempt++ {
 		if c.dead.Load() {
 			c = h.lookup(key)
@@ -262,7 +266,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 		if !h.brk.Allow() {
 			return h.fallback(c, n, mono), nil
 		}
-		if err := h.leaseWait(ctx, c, n); err != nil {
+		if err := h.leaseWait(ctx, c, n, timer.C); err != nil {
 			if ctx.Err() != nil {
 				return ratelimit.Decision{}, ctx.Err()
 			}
@@ -275,7 +279,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 // the key (a per-key singleflight), and waits at most the configured timeout
 // for it whatever the Redis client's own timeouts are. The call itself runs
 // on a goroutine that Close waits for.
-func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64) error {
+func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-chan time.Time) error {
 	c.mu.Lock()
 	f := c.flight
 	if f == nil {
@@ -292,12 +296,10 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64) error {
 		}()
 	}
 	c.mu.Unlock()
-	t := time.NewTimer(h.cfg.timeout)
-	defer t.Stop()
 	select {
 	case <-f.done:
 		return f.err
-	case <-t.C:
+	case <-timeout:
 		// The call may go on (a client without ContextTimeoutEnabled waits
 		// its ReadTimeout); the breaker must learn of the hang now.
 		h.brk.Failure()
@@ -309,10 +311,15 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64) error {
 
 // leaseNow runs one synchronous lease call for c and installs the reply.
 func (h *Limiter) leaseNow(c *counter, n int64) error {
+	// Synchronous leases have a replay stream of their own (one flight per
+	// key at a time, so Redis sees them in the order they were issued): a
+	// call whose reply is lost is handed to the syncer, which sends it again
+	// as it was and gets the grant back instead of leaking it.
 	args := global.LeaseArgs{
 		Base: c.base, Algorithm: h.cfg.algorithm, Limit: h.limit,
 		RefundIdx: -1, UseIdx: -1,
 		Want: max(n, h.target(c)), Min: n, Instances: h.instances(),
+		Instance: h.id + "/s", Seq: h.seq.Add(1),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.timeout)
 	defer cancel()
@@ -321,18 +328,24 @@ func (h *Limiter) leaseNow(c *counter, n int64) error {
 	after := h.mono()
 	h.st.roundTrips.Add(1)
 	h.st.syncRoundTrips.Add(1)
-	if err != nil {
-		h.brk.Failure()
-		return err
+	if err == nil {
+		var res global.Lease
+		if res, err = global.ParseLease(v); err == nil {
+			h.brk.Success()
+			if res.Superseded {
+				return nil
+			}
+			h.observeTime(res.Now, before, after)
+			h.install(c, res, before)
+			return nil
+		}
 	}
-	res, err := global.ParseLease(v)
-	if err != nil {
-		return err
-	}
-	h.brk.Success()
-	h.observeTime(res.Now, before, after)
-	h.install(c, res, before)
-	return nil
+	h.brk.Failure()
+	c.mu.Lock()
+	c.pending = append(c.pending, args)
+	c.mu.Unlock()
+	h.mark(c)
+	return err
 }
 
 // target is the lease a counter should hold: twice what it admitted in a
@@ -397,7 +410,7 @@ func (h *Limiter) install(c *counter, res global.Lease, before int64) {
 	h.st.leasedUnits.Add(uint64(res.Grant))
 	c.blockedUntil.Store(0)
 	switch {
-	case c.dead.Load():
+	case c.dead.Load() || h.draining.Load() > 0:
 		c.owe(res.Idx, res.Grant, 0)
 		h.mark(c)
 	case l != nil && l.idx == res.Idx && l.known && before < l.deadline:
@@ -489,10 +502,10 @@ func (h *Limiter) currentLease(c *counter, mono int64) *lease {
 func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 	h.st.fallback.Add(1)
 	switch h.cfg.failure {
-	case FailOpen:
+	case ratelimit.FailOpen:
 		d, _ := h.borrow(c, n, mono, math.MaxInt64)
 		return d
-	case FailLocal:
+	case ratelimit.FailLocal:
 		if d, ok := h.borrow(c, n, mono, h.fallbackShare()); ok {
 			return d
 		}
@@ -540,7 +553,16 @@ func (h *Limiter) Flush(ctx context.Context) error {
 	h.draining.Add(1)
 	defer h.draining.Add(-1)
 	h.retireAll()
-	return h.syncer.Flush(ctx)
+	// A pass can leave debts behind (a grant that arrived in it goes back
+	// as a debt): run passes until nothing is owed, a few at most.
+	for i := 0; ; i++ {
+		if err := h.syncer.Flush(ctx); err != nil {
+			return err
+		}
+		if h.syncer.Pending() == 0 || i == 3 {
+			return nil
+		}
+	}
 }
 
 func (h *Limiter) retireAll() {

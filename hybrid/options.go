@@ -36,34 +36,6 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// FailureMode selects what a decision does when Redis cannot answer in time
-// and the instance holds no leased quota for the key.
-type FailureMode int
-
-const (
-	// FailLocal (the default): decide with a local budget of this instance's
-	// share of the limit (Rate / instances) per window, and report what it
-	// admitted to Redis when Redis is back.
-	FailLocal FailureMode = iota
-	// FailOpen: allow every request (and still report the counts later).
-	FailOpen
-	// FailClosed: deny every request that leased quota does not cover.
-	FailClosed
-)
-
-// String returns "local", "open" or "closed".
-func (f FailureMode) String() string {
-	switch f {
-	case FailLocal:
-		return "local"
-	case FailOpen:
-		return "open"
-	case FailClosed:
-		return "closed"
-	}
-	return fmt.Sprintf("FailureMode(%d)", int(f))
-}
-
 // Defaults of the options.
 const (
 	DefaultSyncInterval     = 100 * time.Millisecond
@@ -84,7 +56,7 @@ type config struct {
 	prefix          string
 	mode            Mode
 	timeout         time.Duration
-	failure         FailureMode
+	failure         ratelimit.FailureMode
 	instances       int
 	breakerFailures int
 	breakerOpenFor  time.Duration
@@ -101,7 +73,7 @@ func defaultConfig() config {
 		prefix:          global.DefaultPrefix,
 		mode:            Strict,
 		timeout:         DefaultTimeout,
-		failure:         FailLocal,
+		failure:         ratelimit.FailLocal,
 		breakerFailures: DefaultBreakerFailures,
 		breakerOpenFor:  DefaultBreakerOpenFor,
 		heartbeatEvery:  DefaultHeartbeatEvery,
@@ -194,12 +166,14 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithFailureMode selects what happens when Redis cannot answer: FailLocal
-// (the default), FailOpen or FailClosed. Quota already leased is always
-// served first.
-func WithFailureMode(f FailureMode) Option {
+// WithFailureMode selects what a decision does when Redis cannot answer in
+// time and the key has no leased quota left: ratelimit.FailLocal (the
+// default: this instance's share, Rate / instances, per window, reported to
+// Redis when it is back), ratelimit.FailOpen or ratelimit.FailClosed. Quota
+// already leased is always served first.
+func WithFailureMode(f ratelimit.FailureMode) Option {
 	return optionFunc(func(c *config) error {
-		if f != FailLocal && f != FailOpen && f != FailClosed {
+		if !f.Valid() {
 			return invalid("unknown failure mode %v", f)
 		}
 		c.failure = f

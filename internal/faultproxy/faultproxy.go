@@ -10,6 +10,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -48,8 +49,9 @@ type Proxy struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	latency atomic.Int64 // time.Duration
-	drop    atomic.Int64 // replies still to drop
+	latency atomic.Int64           // time.Duration
+	drop    atomic.Int64           // replies still to drop
+	marker  atomic.Pointer[[]byte] // DropReplyTo: the request whose reply to lose
 
 	accepted  atomic.Int64
 	bytesUp   atomic.Int64
@@ -72,6 +74,7 @@ type pair struct {
 	client, server net.Conn
 	done           chan struct{} // closed when the pair is torn down
 	once           sync.Once
+	armed          atomic.Bool // the next reply on this pair is to be lost
 }
 
 func (c *pair) close() {
@@ -172,6 +175,21 @@ func (p *Proxy) DropReplies(n int) {
 		n = 0
 	}
 	p.drop.Store(int64(n))
+}
+
+// DropReplyTo arranges for the reply to the next request that contains
+// marker (the first client -> server chunk holding those bytes, on any
+// connection) to be lost: the request reaches the server, the server's next
+// chunk on that connection is swallowed and the connection closed. Unlike
+// DropReplies it cannot hit a handshake or another client's reply. A nil or
+// empty marker cancels it.
+func (p *Proxy) DropReplyTo(marker []byte) {
+	if len(marker) == 0 {
+		p.marker.Store(nil)
+		return
+	}
+	m := append([]byte(nil), marker...)
+	p.marker.Store(&m)
 }
 
 // SetTarget makes connections accepted from now on go to addr. Open
@@ -281,9 +299,14 @@ func (p *Proxy) pipe(c *pair, src, dst net.Conn, down bool) {
 			if !p.waitUnblocked(c) || !p.delay(c) {
 				return
 			}
-			if down && p.takeDrop() {
+			if down && (c.armed.Swap(false) || p.takeDrop()) {
 				p.dropped.Add(1)
 				return // swallow the reply and close the connection
+			}
+			if !down {
+				if m := p.marker.Load(); m != nil && bytes.Contains(buf[:n], *m) && p.marker.CompareAndSwap(m, nil) {
+					c.armed.Store(true)
+				}
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/hybridlimit/ratelimit/internal/redistest"
@@ -287,4 +288,25 @@ func TestDialFailure(t *testing.T) {
 	if err := c.Ping(ctxT(t, 5*time.Second)).Err(); err == nil {
 		t.Fatal("PING through a proxy to a dead target succeeded")
 	}
+}
+
+// DropReplyTo loses the reply to exactly the marked request, after the
+// server applied it, whatever handshakes or other commands come first.
+func TestDropReplyTo(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer c.Close()
+	direct := srv.Client()
+	defer direct.Close()
+
+	p.DropReplyTo([]byte("marked-key"))
+	require.NoError(t, c.Incr(ctx, "other-key").Err(), "an unmarked request is answered")
+	require.Error(t, c.Incr(ctx, "marked-key").Err(), "the marked request's reply is lost")
+	require.Equal(t, "1", direct.Get(ctx, "marked-key").Val(), "the server applied it")
+	require.EqualValues(t, 2, c.Incr(ctx, "marked-key").Val(), "one-shot: the next one is answered")
+	require.EqualValues(t, 1, p.Stats().RepliesDropped)
 }

@@ -311,7 +311,8 @@ func StartCluster() (*Cluster, error) {
 }
 
 // WaitHealthy waits until every running node reports cluster_state:ok and
-// all 16384 slots assigned, and a cluster client can write to every master.
+// all 16384 slots assigned, every replica has synced with its master, and a
+// cluster client can reach every master.
 func (c *Cluster) WaitHealthy(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -342,6 +343,18 @@ func (c *Cluster) healthy() error {
 		fields := parseInfo(info)
 		if fields["cluster_state"] != "ok" || fields["cluster_slots_assigned"] != "16384" || fields["cluster_slots_ok"] != "16384" {
 			return fmt.Errorf("node %s: state=%s slots_ok=%s", n.Addr(), fields["cluster_state"], fields["cluster_slots_ok"])
+		}
+		// A replica that has not finished its first sync cannot take over
+		// from its master: failover tests need every replica in sync.
+		rc = redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
+		repl, err := rc.Info(ctx, "replication").Result()
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		r := parseInfo(repl)
+		if r["role"] == "slave" && r["master_link_status"] != "up" {
+			return fmt.Errorf("replica %s: link to its master is %s", n.Addr(), r["master_link_status"])
 		}
 	}
 	cc := c.Client()

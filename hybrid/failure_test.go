@@ -1,0 +1,426 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/faultproxy"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+const faultTimeout = 100 * time.Millisecond
+
+// outcome of a load run: decisions, errors and the latency of every call.
+type outcome struct {
+	allowed, denied, errs int
+	lat                   []time.Duration
+}
+
+func (o outcome) quantile(q float64) time.Duration {
+	if len(o.lat) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), o.lat...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// load calls Allow on key from workers goroutines until stop is closed.
+func load(h *hybrid.Limiter, key string, workers int, stop <-chan struct{}) outcome {
+	var (
+		mu  sync.Mutex
+		out outcome
+		wg  sync.WaitGroup
+	)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o outcome
+			for {
+				select {
+				case <-stop:
+					mu.Lock()
+					out.allowed += o.allowed
+					out.denied += o.denied
+					out.errs += o.errs
+					out.lat = append(out.lat, o.lat...)
+					mu.Unlock()
+					return
+				default:
+				}
+				start := time.Now()
+				d, err := h.Allow(context.Background(), key)
+				o.lat = append(o.lat, time.Since(start))
+				switch {
+				case err != nil:
+					o.errs++
+				case d.Allowed:
+					o.allowed++
+				default:
+					o.denied++
+				}
+				time.Sleep(time.Millisecond) // a busy service, not a spin loop
+			}
+		}()
+	}
+	<-stop
+	wg.Wait()
+	return out
+}
+
+func loadFor(h *hybrid.Limiter, key string, workers int, d time.Duration) outcome {
+	stop := make(chan struct{})
+	time.AfterFunc(d, func() { close(stop) })
+	return load(h, key, workers, stop)
+}
+
+// waitRecovered waits until the limiter's breaker is closed again; the
+// syncer's background probe closes it without any decision.
+func waitRecovered(t *testing.T, h *hybrid.Limiter) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for h.Stats().Degraded {
+		require.True(t, time.Now().Before(deadline), "the limiter did not recover")
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type fault struct {
+	name     string
+	viaProxy bool
+	keepData bool // the fault loses no Redis data
+	start    func(s *redistest.Server, p *faultproxy.Proxy)
+	stop     func(t *testing.T, s *redistest.Server, p *faultproxy.Proxy)
+}
+
+var standaloneFaults = []fault{
+	{name: "sigkill", start: func(s *redistest.Server, _ *faultproxy.Proxy) { s.Kill() },
+		stop: func(t *testing.T, s *redistest.Server, _ *faultproxy.Proxy) { require.NoError(t, s.Restart()) }},
+	{name: "sigstop", keepData: true, start: func(s *redistest.Server, _ *faultproxy.Proxy) { s.Freeze() },
+		stop: func(t *testing.T, s *redistest.Server, _ *faultproxy.Proxy) { require.NoError(t, s.Thaw()) }},
+	{name: "latency", viaProxy: true, keepData: true,
+		start: func(_ *redistest.Server, p *faultproxy.Proxy) { p.SetLatency(3 * faultTimeout) },
+		stop:  func(_ *testing.T, _ *redistest.Server, p *faultproxy.Proxy) { p.SetLatency(0) }},
+	{name: "cut", viaProxy: true, keepData: true,
+		start: func(_ *redistest.Server, p *faultproxy.Proxy) { p.Refuse(true) },
+		stop:  func(_ *testing.T, _ *redistest.Server, p *faultproxy.Proxy) { p.Refuse(false) }},
+}
+
+// During each fault no decision waits longer than the timeout (give or take
+// scheduling), none errs, and the decisions follow the failure mode. After
+// it, the counts in Redis are exact again and hold what the outage admitted.
+func TestFaults(t *testing.T) {
+	limit := ratelimit.Limit{Rate: 100, Period: 10 * time.Second}
+	const instances = 2
+	share := limit.Rate / instances
+	for _, f := range standaloneFaults {
+		for _, mode := range []ratelimit.FailureMode{ratelimit.FailLocal, ratelimit.FailOpen, ratelimit.FailClosed} {
+			t.Run(f.name+"/"+mode.String(), func(t *testing.T) {
+				srv := redistest.Standalone(t)
+				p, err := faultproxy.New(srv.Addr())
+				require.NoError(t, err)
+				defer p.Close()
+				addr := srv.Addr()
+				if f.viaProxy {
+					addr = p.Addr()
+				}
+				c := redis.NewClient(&redis.Options{Addr: addr})
+				defer c.Close()
+				direct := srv.Client()
+				defer direct.Close()
+				prefix := uniq(t)
+				idx := freshWindow(t, direct, limit.Period, 8*time.Second)
+				h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithTimeout(faultTimeout),
+					hybrid.WithSyncInterval(50*time.Millisecond), hybrid.WithBreaker(2, 200*time.Millisecond),
+					hybrid.WithInstances(instances), hybrid.WithFailureMode(mode))
+				require.NoError(t, err)
+				defer h.Close()
+
+				for i := 0; i < 10; i++ {
+					d, err := h.Allow(context.Background(), "k")
+					require.NoError(t, err)
+					require.True(t, d.Allowed)
+				}
+				held := redisCount(t, direct, prefix, "k", idx) - 10 // strict: Redis counts every leased unit
+				require.Positive(t, held)
+
+				leasedBefore := h.Stats().LeasedUnits
+				f.start(srv, p)
+				during := loadFor(h, "k", 4, time.Second)
+				degraded := h.Stats().Degraded
+				f.stop(t, srv, p)
+				// A lease call that timed out may still be granted and arrive
+				// late: that quota was counted in Redis and is the instance's
+				// to serve, like the lease it held when the fault began.
+				held += int(h.Stats().LeasedUnits - leasedBefore)
+
+				t.Logf("held %d; during the fault: allowed %d denied %d; latency p99 %v max %v",
+					held, during.allowed, during.denied, during.quantile(0.99), during.quantile(1))
+				require.Zero(t, during.errs, "no decision may return an error")
+				require.Less(t, during.quantile(1), 3*faultTimeout, "a decision waited on Redis")
+				require.True(t, degraded, "the breaker must open during the fault")
+				switch mode {
+				case ratelimit.FailOpen:
+					require.Zero(t, during.denied, "FailOpen allows all")
+				case ratelimit.FailClosed:
+					require.LessOrEqual(t, during.allowed, held, "FailClosed allows only leases already held")
+				case ratelimit.FailLocal:
+					require.LessOrEqual(t, during.allowed, held+share, "FailLocal allows its share plus the lease it held")
+					require.GreaterOrEqual(t, during.allowed, min(share, during.allowed+during.denied), "FailLocal serves its share")
+				}
+
+				waitRecovered(t, h)
+				require.NoError(t, h.Flush(context.Background()))
+				total := 10 + during.allowed
+				got := redisCount(t, direct, prefix, "k", idx)
+				if f.keepData {
+					require.Equal(t, total, got, "Redis counts exactly what the instance admitted")
+				} else {
+					// The restart lost the window's counts (no persistence):
+					// what the outage admitted on credit is back in them.
+					fallbackAdmitted := max(0, during.allowed-held)
+					require.GreaterOrEqual(t, got, fallbackAdmitted)
+					require.LessOrEqual(t, got, total)
+				}
+			})
+		}
+	}
+}
+
+// countHook counts every command the client sends.
+type countHook struct{ n atomic.Int64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
+}
+
+// With the breaker open a decision makes no Redis call at all.
+func TestBreakerOpenNoRedisCall(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer c.Close()
+	hook := &countHook{}
+	c.AddHook(hook)
+	h, err := hybrid.New(c, ratelimit.PerSecond(100), hybrid.WithPrefix(uniq(t)), hybrid.WithTimeout(faultTimeout),
+		hybrid.WithSyncInterval(time.Hour), hybrid.WithBreaker(1, time.Hour), hybrid.WithInstances(1))
+	require.NoError(t, err)
+	p.Block(true)
+	d, err := h.Allow(context.Background(), "first")
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "FailLocal")
+	require.True(t, h.Stats().Degraded)
+	before := hook.n.Load()
+	for i := 0; i < 200; i++ {
+		_, err := h.Allow(context.Background(), fmt.Sprintf("key-%d", i))
+		require.NoError(t, err)
+	}
+	require.Equal(t, before, hook.n.Load(), "a decision called Redis with the breaker open")
+	require.EqualValues(t, 201, h.Stats().Fallback)
+	p.Block(false)
+	h.Close()
+}
+
+// A flush whose reply was lost after Redis applied it is counted once when
+// it is sent again.
+func TestLostReplyCountedOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, PoolSize: 1})
+	defer c.Close()
+	direct := srv.Client()
+	defer direct.Close()
+	limit := ratelimit.Limit{Rate: 1000, Period: 20 * time.Second}
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, limit.Period, 10*time.Second)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithSyncInterval(time.Hour), hybrid.WithInstances(1),
+		hybrid.WithTimeout(time.Second))
+	require.NoError(t, err)
+	defer h.Close()
+	for i := 0; i < 30; i++ {
+		d, err := h.Allow(context.Background(), "k")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	leased := redisCount(t, direct, prefix, "k", idx)
+	require.Greater(t, leased, 30)
+
+	// Lose the reply to the flush's script call (its SHA is in the request),
+	// after Redis applied it.
+	p.DropReplyTo([]byte(global.LeaseScript.Hash()))
+	require.Error(t, h.Flush(context.Background()), "the reply was lost")
+	require.Equal(t, 30, redisCount(t, direct, prefix, "k", idx), "Redis applied the refund")
+	require.NoError(t, h.Flush(context.Background()))
+	require.Equal(t, 30, redisCount(t, direct, prefix, "k", idx), "the retried refund must not apply twice")
+	require.EqualValues(t, 1, p.Stats().RepliesDropped)
+}
+
+// A Redis out of memory (maxmemory with noeviction) is a failure like any
+// other: fallback decisions, no error, no crash; scripts that only read or
+// shrink keep working.
+func TestOutOfMemory(t *testing.T) {
+	srv := redistest.Standalone(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	junk := strings.Repeat("x", 64<<10)
+	for i := 0; ; i++ {
+		err := c.Set(ctx, fmt.Sprintf("junk%d", i), junk, time.Hour).Err()
+		if err != nil {
+			require.Contains(t, err.Error(), "OOM")
+			break
+		}
+		require.Less(t, i, 10000)
+	}
+	limit := ratelimit.PerMinute(100)
+	freshWindow(t, c, limit.Period, 10*time.Second) // TIME still answers: it writes nothing
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(uniq(t)), hybrid.WithTimeout(faultTimeout),
+		hybrid.WithInstances(4))
+	require.NoError(t, err)
+	defer h.Close()
+	allowed := 0
+	for i := 0; i < 40; i++ {
+		d, err := h.Allow(ctx, "k")
+		require.NoError(t, err)
+		if d.Allowed {
+			allowed++
+		}
+	}
+	// Used memory hovers at the limit: a lease may still get through.
+	s := h.Stats()
+	t.Logf("allowed %d of 40; stats %+v", allowed, s)
+	require.GreaterOrEqual(t, allowed, 25, "FailLocal: this instance's share, Rate / instances")
+	require.LessOrEqual(t, allowed, 25+int(s.LeasedUnits), "FailLocal: the share plus what Redis granted")
+	require.Positive(t, s.Fallback)
+}
+
+// A Cluster master dies and its replica takes over: decisions go on without
+// waiting or erring, and the limiter returns to Redis by itself.
+func TestClusterFailover(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	c := cl.Client()
+	defer c.Close()
+	ctx := context.Background()
+	limit := ratelimit.Limit{Rate: 100, Period: time.Second}
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(uniq(t)), hybrid.WithTimeout(faultTimeout),
+		hybrid.WithSyncInterval(50*time.Millisecond), hybrid.WithInstances(2), hybrid.WithBreaker(2, 200*time.Millisecond))
+	require.NoError(t, err)
+	defer h.Close()
+	for i := 0; i < 5; i++ {
+		_, err := h.Allow(ctx, "k")
+		require.NoError(t, err)
+	}
+	// kill the master serving the key's slot
+	base := "x:{k}:"
+	master, err := c.MasterForKey(ctx, base)
+	require.NoError(t, err)
+	addr := master.Options().Addr
+	node := cl.Node(addr)
+	require.NotNil(t, node, addr)
+	stop := make(chan struct{})
+	var out outcome
+	done := make(chan struct{})
+	go func() { out = load(h, "k", 4, stop); close(done) }()
+	node.Kill()
+	// wait until the cluster is healthy again without the dead node
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c.ReloadState(ctx) // the slot map the client cached still names the dead master
+		m, err := c.MasterForKey(ctx, base)
+		if err == nil && m.Options().Addr != addr && m.Ping(ctx).Err() == nil {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no replica took over")
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	<-done
+	t.Logf("failover: allowed %d denied %d errors %d; latency p99 %v max %v; stats %+v",
+		out.allowed, out.denied, out.errs, out.quantile(0.99), out.quantile(1), h.Stats())
+	require.Zero(t, out.errs)
+	require.Less(t, out.quantile(1), 3*faultTimeout)
+	waitRecovered(t, h)
+	leases := h.Stats().Leases
+	for i := 0; i < 5 && h.Stats().Leases == leases; i++ {
+		time.Sleep(limit.Period)
+		h.Allow(ctx, "k")
+	}
+	require.Greater(t, h.Stats().Leases, leases, "the limiter leases from the promoted replica")
+}
+
+// 20 SIGKILL/restart cycles under load: no error, no stuck instance, no
+// goroutine left behind.
+func TestKillRestartCycles(t *testing.T) {
+	srv := redistest.Standalone(t)
+	// The harness's wait for the restarted redis-server process is not the
+	// limiter's.
+	opts := []goleak.Option{goleak.IgnoreCurrent(),
+		goleak.IgnoreAnyFunction("github.com/hybridlimit/ratelimit/internal/redistest.(*Server).start.func1")}
+	c := srv.Client()
+	h, err := hybrid.New(c, ratelimit.Limit{Rate: 200, Period: 500 * time.Millisecond}, hybrid.WithPrefix(uniq(t)),
+		hybrid.WithTimeout(faultTimeout), hybrid.WithSyncInterval(20*time.Millisecond),
+		hybrid.WithBreaker(2, 100*time.Millisecond), hybrid.WithInstances(2))
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var errs atomic.Int64
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := h.Allow(context.Background(), fmt.Sprintf("k%d", (w+i)%6)); err != nil {
+					errs.Add(1)
+				}
+				time.Sleep(500 * time.Microsecond)
+			}
+		}(w)
+	}
+	for cycle := 0; cycle < 20; cycle++ {
+		time.Sleep(60 * time.Millisecond)
+		srv.Kill()
+		time.Sleep(60 * time.Millisecond)
+		require.NoError(t, srv.Restart())
+	}
+	waitRecovered(t, h)
+	leases := h.Stats().Leases
+	deadline := time.Now().Add(10 * time.Second)
+	for h.Stats().Leases == leases {
+		require.True(t, time.Now().Before(deadline), "the instance is stuck: no lease after the last restart")
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	require.Zero(t, errs.Load())
+	require.NoError(t, h.Close())
+	require.NoError(t, c.Close())
+	goleak.VerifyNone(t, opts...)
+}
