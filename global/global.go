@@ -57,6 +57,8 @@ type Limiter struct {
 	// args after ARGV[1] (now) and ARGV[2] (n); fixed for the Limiter.
 	rest  [3]int64
 	nrest int
+
+	fail *failure // nil unless WithFailureMode was given
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -89,6 +91,11 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	}
 	p := int64(limit.Period / time.Microsecond)
 	l := &Limiter{client: client, limit: limit, alg: c.alg, prefix: c.prefix, clock: c.clock, script: scripts[c.alg]}
+	f, err := newFailure(&c)
+	if err != nil {
+		return nil, err
+	}
+	l.fail = f
 	switch c.alg {
 	case ratelimit.TokenBucket:
 		l.rest, l.nrest = [3]int64{int64(limit.Rate), p, int64(limit.Capacity()) * p}, 3
@@ -162,9 +169,24 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	for _, a := range l.rest[:l.nrest] {
 		args = append(args, a)
 	}
+	if l.fail != nil {
+		if !l.fail.brk.Allow() {
+			return l.fail.decide(ctx, l.limit, key, n)
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.fail.timeout)
+		defer cancel()
+	}
 	res, err := l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
 	if err != nil {
+		if l.fail != nil && ctx.Err() != context.Canceled {
+			l.fail.brk.Failure()
+			return l.fail.decide(ctx, l.limit, key, n)
+		}
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script: %w", l.alg, err)
+	}
+	if l.fail != nil {
+		l.fail.brk.Success()
 	}
 	if len(res) != 4 {
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script returned %d values, want 4", l.alg, len(res))
@@ -180,10 +202,15 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 
 // config is what the Options set.
 type config struct {
-	alg    ratelimit.Algorithm
-	prefix string
-	clock  func() time.Time
-	err    error
+	alg      ratelimit.Algorithm
+	prefix   string
+	clock    func() time.Time
+	err      error
+	failMode *ratelimit.FailureMode
+	fallback ratelimit.Limiter
+	timeout  time.Duration
+	failures int
+	openFor  time.Duration
 }
 
 // Option configures a Limiter made by New. The zero set of options gives

@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
@@ -135,8 +136,8 @@ func WithMaxKeys(n int) Option {
 // share a prefix, limit and algorithm, hybrid or global, share one quota.
 func WithPrefix(p string) Option {
 	return optionFunc(func(c *config) error {
-		if p == "" {
-			return invalid("empty prefix")
+		if p == "" || strings.ContainsAny(p, "{}") {
+			return invalid("prefix %q must be non-empty and hold no braces (they would break the Cluster hash tag)", p)
 		}
 		c.prefix = p
 		return nil

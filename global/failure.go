@@ -1,0 +1,128 @@
+package global
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/breaker"
+)
+
+// Defaults of the failure options.
+const (
+	DefaultTimeout         = 100 * time.Millisecond
+	DefaultBreakerFailures = 3
+	DefaultBreakerOpenFor  = 500 * time.Millisecond
+)
+
+// failure is what WithFailureMode adds to a Limiter: a deadline on every
+// script call, a circuit breaker, and the decision taken without Redis.
+type failure struct {
+	mode     ratelimit.FailureMode
+	fallback ratelimit.Limiter
+	timeout  time.Duration
+	openFor  time.Duration
+	brk      *breaker.Breaker
+	count    atomic.Uint64
+}
+
+func newFailure(c *config) (*failure, error) {
+	if c.failMode == nil {
+		if c.fallback != nil || c.timeout != 0 || c.failures != 0 {
+			return nil, fmt.Errorf("%w: WithFallback, WithTimeout and WithBreaker need WithFailureMode", ratelimit.ErrInvalidOption)
+		}
+		return nil, nil
+	}
+	f := &failure{mode: *c.failMode, fallback: c.fallback, timeout: c.timeout, openFor: c.openFor}
+	if !f.mode.Valid() {
+		return nil, fmt.Errorf("%w: unknown failure mode %v", ratelimit.ErrInvalidOption, f.mode)
+	}
+	if f.mode == ratelimit.FailLocal && f.fallback == nil {
+		return nil, fmt.Errorf("%w: FailLocal needs WithFallback (e.g. a local.Limiter sized to this instance's share)", ratelimit.ErrInvalidOption)
+	}
+	if f.timeout == 0 {
+		f.timeout = DefaultTimeout
+	}
+	failures := c.failures
+	if failures == 0 {
+		failures, f.openFor = DefaultBreakerFailures, DefaultBreakerOpenFor
+	}
+	f.brk = breaker.New(breaker.Config{FailureThreshold: failures, OpenTimeout: f.openFor})
+	return f, nil
+}
+
+// decide answers without Redis, per the failure mode.
+func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, key string, n int) (ratelimit.Decision, error) {
+	f.count.Add(1)
+	switch f.mode {
+	case ratelimit.FailOpen:
+		return ratelimit.Decision{Allowed: true, Limit: limit, Remaining: limit.Rate - n}, nil
+	case ratelimit.FailClosed:
+		return ratelimit.Decision{Limit: limit, RetryAfter: f.openFor, ResetAfter: f.openFor}, nil
+	}
+	return f.fallback.AllowN(ctx, key, n)
+}
+
+// WithFailureMode makes AllowN decide without Redis, with a nil error, when
+// a script call fails or takes longer than the timeout (WithTimeout, default
+// 100ms): ratelimit.FailOpen allows, ratelimit.FailClosed denies, and
+// ratelimit.FailLocal asks the limiter given with WithFallback. A circuit
+// breaker (WithBreaker) then keeps decisions from calling Redis at all until
+// a probe succeeds. Without this option AllowN returns Redis errors.
+//
+// The timeout is a context deadline on the call: go-redis honours it only
+// when the client has ContextTimeoutEnabled (or ReadTimeout and WriteTimeout
+// no longer than it). The hybrid limiter enforces its timeout by itself.
+func WithFailureMode(m ratelimit.FailureMode) Option {
+	return optionFunc(func(c *config) { c.failMode = &m })
+}
+
+// WithFallback is the limiter FailLocal decides with while Redis cannot
+// answer, typically a local.Limiter with this instance's share of the limit
+// (Rate / instances).
+func WithFallback(l ratelimit.Limiter) Option {
+	return optionFunc(func(c *config) { c.fallback = l })
+}
+
+// WithTimeout sets the deadline of every script call when WithFailureMode
+// is given (default 100ms). d must be > 0.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if d <= 0 {
+			c.err = fmt.Errorf("%w: timeout must be > 0, got %v", ratelimit.ErrInvalidOption, d)
+			return
+		}
+		c.timeout = d
+	})
+}
+
+// WithBreaker sets the circuit breaker of WithFailureMode: after failures
+// consecutive failed calls (default 3) decisions skip Redis for openFor
+// (default 500ms), then one call probes.
+func WithBreaker(failures int, openFor time.Duration) Option {
+	return optionFunc(func(c *config) {
+		if failures < 1 || openFor <= 0 {
+			c.err = fmt.Errorf("%w: breaker needs failures >= 1 and openFor > 0", ratelimit.ErrInvalidOption)
+			return
+		}
+		c.failures, c.openFor = failures, openFor
+	})
+}
+
+// Degraded reports whether the circuit breaker of WithFailureMode is open:
+// decisions are being taken without Redis. It is false without
+// WithFailureMode.
+func (l *Limiter) Degraded() bool {
+	return l.fail != nil && l.fail.brk.State() != breaker.Closed
+}
+
+// FallbackDecisions returns how many decisions were taken without Redis
+// since New.
+func (l *Limiter) FallbackDecisions() uint64 {
+	if l.fail == nil {
+		return 0
+	}
+	return l.fail.count.Load()
+}

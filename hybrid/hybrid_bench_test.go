@@ -1,0 +1,108 @@
+package hybrid_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+// benchLimiter is a hybrid limiter on a real local redis-server with a limit
+// so high that the benchmark runs on quota in hand: it measures the local
+// decision, with leases topped up in the background.
+func benchLimiter(b *testing.B) *hybrid.Limiter {
+	b.Helper()
+	srv := redistest.Standalone(b)
+	c := srv.Client()
+	b.Cleanup(func() { c.Close() })
+	h, err := hybrid.New(c, ratelimit.Limit{Rate: 100_000_000, Period: time.Minute},
+		hybrid.WithPrefix("bench"+strconv.FormatInt(time.Now().UnixNano(), 10)), hybrid.WithInstances(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h
+}
+
+func reportDecisions(b *testing.B, h *hybrid.Limiter) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	s := h.Stats()
+	b.ReportMetric(float64(s.SyncRoundTrips)/float64(max(1, s.Decisions))*1e6, "syncRT/1M")
+}
+
+func BenchmarkAllowHotKey(b *testing.B) {
+	h := benchLimiter(b)
+	ctx := context.Background()
+	h.Allow(ctx, "hot") // lease once
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if d, _ := h.Allow(ctx, "hot"); !d.Allowed {
+			b.Fatal("denied")
+		}
+	}
+	reportDecisions(b, h)
+}
+
+func BenchmarkAllowHotKeyParallel(b *testing.B) {
+	h := benchLimiter(b)
+	ctx := context.Background()
+	h.Allow(ctx, "hot")
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if d, _ := h.Allow(ctx, "hot"); !d.Allowed {
+				b.Error("denied")
+				return
+			}
+		}
+	})
+	reportDecisions(b, h)
+}
+
+func keys10k() []string {
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+func BenchmarkAllow10kKeys(b *testing.B) {
+	h := benchLimiter(b)
+	ctx := context.Background()
+	keys := keys10k()
+	for _, k := range keys {
+		h.Allow(ctx, k) // every key leases once
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		h.Allow(ctx, keys[i%len(keys)])
+	}
+	reportDecisions(b, h)
+}
+
+func BenchmarkAllow10kKeysParallel(b *testing.B) {
+	h := benchLimiter(b)
+	ctx := context.Background()
+	keys := keys10k()
+	for _, k := range keys {
+		h.Allow(ctx, k)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			h.Allow(ctx, keys[i%len(keys)])
+			i++
+		}
+	})
+	reportDecisions(b, h)
+}
