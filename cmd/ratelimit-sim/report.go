@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/hybridlimit/ratelimit/hybrid"
 )
@@ -133,6 +134,15 @@ func printReport(out io.Writer, cfg config, res *results) {
 	}
 	if h.maxWin > bound && cfg.mode == hybrid.Optimistic && !cfg.fixInstances {
 		notes = append(notes, "instances learn the fleet size by heartbeat: right after a simultaneous start instance i believes there are i, and its optimistic share is Rate / (8 x i); --fix-instances passes WithInstances")
+	}
+	for _, r := range []phaseResult{h, g} {
+		for _, w := range r.worst {
+			if w.allowed <= bound && r.name == "hybrid" {
+				continue // within the mode's bound
+			}
+			start := time.UnixMicro(w.idx * cfg.period.Microseconds()).UTC()
+			notes = append(notes, fmt.Sprintf("%s: key %s admitted %d in the window starting %s (Redis time)", r.name, w.key, w.allowed, start.Format("15:04:05.000")))
+		}
 	}
 	if h.lost+g.lost > 0 {
 		notes = append(notes, fmt.Sprintf("%d allowed decisions fell outside the tallied windows", h.lost+g.lost))

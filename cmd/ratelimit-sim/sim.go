@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -281,17 +282,25 @@ type phaseResult struct {
 	stats                      hybrid.Stats // hybrid only, summed over the fleet when the workers stopped
 	lat                        hist
 
-	fullWindows int    // full windows per key inside the phase
-	maxWin      int    // most allowed for one key in one window (any window, the first and last partial ones too)
-	maxFull     int    // most allowed for one key in one full window
-	minWinSat   int    // least allowed for one key in one full window in which it saw denials; -1: none
-	satWins     int    // full key-windows in which the key saw denials
-	overLimit   int    // key-windows above the limit
-	lost        uint64 // allowed decisions whose window fell outside the tally
-	instLo      int    // instances sharing the quota as the hybrid instances saw it at the end
+	fullWindows int         // full windows per key inside the phase
+	maxWin      int         // most allowed for one key in one window (any window, the first and last partial ones too)
+	maxFull     int         // most allowed for one key in one full window
+	minWinSat   int         // least allowed for one key in one full window in which it saw denials; -1: none
+	satWins     int         // full key-windows in which the key saw denials
+	overLimit   int         // key-windows above the limit
+	lost        uint64      // allowed decisions whose window fell outside the tally
+	worst       []keyWindow // the key-windows above the limit, most allowed first (at most 5)
+	instLo      int         // instances sharing the quota as the hybrid instances saw it at the end
 	instHi      int
 	hot         []int     // allowed per full window of the hottest key (key 0)
 	offered     []float64 // decisions/s offered per key
+}
+
+// keyWindow is what one key admitted in window idx.
+type keyWindow struct {
+	key     string
+	idx     int64
+	allowed int
 }
 
 // worker is the state of one deciding goroutine; it owns everything but
@@ -470,6 +479,7 @@ loop:
 			r.maxWin = max(r.maxWin, n)
 			if n > cfg.limit {
 				r.overLimit++
+				r.worst = append(r.worst, keyWindow{key: wl.keys[k], idx: t.first + int64(s), allowed: n})
 			}
 			idx := t.first + int64(s)
 			full := idx >= firstFull && idx <= lastFull
@@ -487,6 +497,8 @@ loop:
 			}
 		}
 	}
+	sort.Slice(r.worst, func(i, j int) bool { return r.worst[i].allowed > r.worst[j].allowed })
+	r.worst = r.worst[:min(len(r.worst), 5)]
 	r.lost = t.lost.Load()
 	return r
 }
