@@ -11,13 +11,15 @@ import (
 // lease is the quota a counter holds for one window. The request path takes
 // from avail with a CAS; nothing else on the request path writes to it.
 type lease struct {
-	avail    atomic.Int64 // leased units not yet used
-	credit   atomic.Int64 // units admitted on credit (optimistic or fallback), not yet reported
-	borrowed atomic.Int64 // units admitted on credit in this window, reported or not
-	free     atomic.Int64 // the window's remainder in Redis at the last reply
-	idx      int64        // window index: the window starts at idx x Period since the epoch
-	deadline int64        // monotonic ns (since Limiter.start) at which the window ends
-	known    bool         // idx came from Redis (false: estimated from the local clock)
+	avail    atomic.Int64  // leased units not yet used
+	tick     atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units (beside avail: one cache line for a decision)
+	credit   atomic.Int64  // units admitted on credit (optimistic or fallback), not yet reported
+	borrowed atomic.Int64  // units admitted on credit in this window, reported or not
+	free     atomic.Int64  // the window's remainder in Redis at the last reply
+	idx      int64         // window index: the window starts at idx x Period since the epoch
+	deadline int64         // monotonic ns (since Limiter.start) after which the lease is not used: never after the window ends in Redis
+	end      int64         // monotonic ns of the window\'s end by the best estimate of Redis time (for ResetAfter)
+	known    bool          // idx came from Redis (false: estimated from the local clock)
 }
 
 // debt is quota a counter owes Redis for window idx: leased units to give
@@ -37,15 +39,16 @@ type counter struct {
 	blockedUntil atomic.Int64 // monotonic ns: the window is exhausted in Redis until then
 	dirty        atomic.Bool  // marked for the syncer
 	dead         atomic.Bool  // evicted or dropped from the table
-	used         atomic.Int64 // units admitted since the last sync tick
-	lastUse      atomic.Int64 // monotonic ns of the last admitted request
+	touched      atomic.Bool  // the LRU table heard of a use since the last tick
+	lastUse      atomic.Int64 // monotonic ns of the last admitted request, to the millisecond
 
-	allowed atomic.Uint64
+	allowed atomic.Uint64 // allowed decisions of past ticks (the syncer folds tick into it)
 	denied  atomic.Uint64
-	local   atomic.Uint64 // decisions taken without waiting on Redis
+	waited  atomic.Uint64 // decisions that waited on Redis
 
 	mu      gosync.Mutex // guards debts and lease replacement
 	debts   []debt
+	old     []*lease           // dropped since the last tick: their counts are folded at the next one
 	pending []global.LeaseArgs // sent by the syncer, reply not seen: resent as they are
 
 	flight   *flight // the synchronous lease call in progress, guarded by mu
@@ -96,10 +99,37 @@ func (c *counter) newLease(idx, deadline int64, known bool) *lease {
 // drop turns what lease l holds into debts and remembers what its window
 // borrowed. Caller holds c.mu and has already unpublished l.
 func (c *counter) drop(l *lease) {
+	c.old = append(c.old, l)
 	c.owe(l.idx, l.avail.Swap(0), l.credit.Swap(0))
 	if l.idx >= c.spentIdx {
 		c.spentIdx, c.spent = l.idx, l.borrowed.Load()
 	}
+}
+
+// takeTick returns and resets what the counter's leases admitted since the
+// last tick: allowed decisions << 32 | units. Caller holds c.mu.
+func (c *counter) takeTick() uint64 {
+	var t uint64
+	for _, l := range c.old {
+		t += l.tick.Swap(0)
+	}
+	c.old = c.old[:0]
+	if l := c.lease.Load(); l != nil {
+		t += l.tick.Swap(0)
+	}
+	return t
+}
+
+// peekTick is takeTick without the reset. Caller holds c.mu.
+func (c *counter) peekTick() uint64 {
+	var t uint64
+	for _, l := range c.old {
+		t += l.tick.Load()
+	}
+	if l := c.lease.Load(); l != nil {
+		t += l.tick.Load()
+	}
+	return t
 }
 
 // retire takes the counter's lease away and turns what it holds into debts.

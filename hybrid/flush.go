@@ -98,18 +98,22 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 // used, the safe side) but never install one twice.
 func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	c.dirty.Store(false)
-	used := c.used.Swap(0)
+	c.touched.Store(false) // its next use tells the LRU table again
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.takeTick()
+	c.allowed.Add(t >> 32)
+	used := int64(uint32(t))
 	c.rate.store((c.rate.load() + float64(used)) / 2)
 
 	idle := mono-c.lastUse.Load() >= h.periodNS && used == 0
 	if idle && !c.dead.Load() {
 		if h.table.RemoveIf(c.key, func(v *counter) bool { return v == c }) {
 			c.dead.Store(true)
+			h.forget(c)
 		}
 	}
 
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	l := c.lease.Load()
 	// While Flush or Close drains, a lease installed since they retired the
 	// counters (a top-up reply of the tick they waited for) goes back too.

@@ -38,10 +38,14 @@ type Limiter struct {
 	id       string
 
 	table  *local.Table[*counter]
+	index  gosync.Map // key -> *counter: the lock-free read path in front of table
 	syncer *bgsync.Syncer[*counter]
 	brk    *breaker.Breaker
 
 	offsetUS      atomic.Int64 // Redis time minus local wall time, microseconds
+	offsetMu      gosync.Mutex // guards offsetRTT and offsetAt
+	offsetRTT     int64        // round trip of the sample offsetUS came from, ns
+	offsetAt      int64        // monotonic ns of that sample
 	liveInstances atomic.Int64
 	nextBeat      int64        // monotonic ns; owned by the syncer goroutine
 	seq           atomic.Int64 // sequence of the syncer's calls, for replay protection
@@ -58,7 +62,7 @@ type Limiter struct {
 type stats struct {
 	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
 	flushErrors, fallback                                               atomic.Uint64
-	retiredAllowed, retiredDenied, retiredLocal                         atomic.Uint64
+	retiredAllowed, retiredDenied, retiredWaited                        atomic.Uint64
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -162,26 +166,40 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	}
 	c := h.lookup(key)
 	mono := h.mono()
-	if d, ok := h.fast(c, int64(n), mono, true); ok {
+	if d, ok := h.fast(c, int64(n), mono); ok {
 		return d, nil
 	}
 	return h.slow(ctx, c, key, int64(n))
 }
 
+// lookup finds or makes the counter of key. A hit takes no lock: the index
+// is read-mostly, and the LRU table, which bounds the keys and decides
+// evictions, hears of a key's use at most once per sync tick.
 func (h *Limiter) lookup(key string) *counter {
-	if c, ok := h.table.Get(key); ok {
+	if v, ok := h.index.Load(key); ok {
+		c := v.(*counter)
+		if !c.touched.Load() {
+			c.touched.Store(true)
+			h.table.Get(key)
+		}
 		return c
 	}
-	c, _ := h.table.GetOrCreate(key, func() *counter {
+	c, created := h.table.GetOrCreate(key, func() *counter {
 		base, _ := global.KeyBase(h.cfg.prefix, key) // key is not empty
 		return &counter{key: key, base: base}
 	})
+	if created || !c.dead.Load() {
+		h.index.Store(key, c)
+	}
 	return c
 }
 
+// forget drops c from the index, unless the key has a newer counter.
+func (h *Limiter) forget(c *counter) { h.index.CompareAndDelete(c.key, c) }
+
 // fast decides from the lease in hand, or denies a key known to be
 // exhausted. ok is false when Redis must be asked.
-func (h *Limiter) fast(c *counter, n, mono int64, local bool) (ratelimit.Decision, bool) {
+func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 	l := c.lease.Load()
 	if l != nil && mono < l.deadline {
 		for {
@@ -190,36 +208,32 @@ func (h *Limiter) fast(c *counter, n, mono int64, local bool) (ratelimit.Decisio
 				break
 			}
 			if l.avail.CompareAndSwap(a, a-n) {
-				h.admitted(c, n, mono, local)
+				h.admitted(c, l, n, mono)
 				return ratelimit.Decision{Allowed: true, Limit: h.limit,
 					Remaining:  int(a - n + max(0, l.free.Load())),
-					ResetAfter: time.Duration(l.deadline - mono)}, true
+					ResetAfter: time.Duration(l.end - mono)}, true
 			}
 		}
 	}
 	if until := c.blockedUntil.Load(); mono < until {
 		c.denied.Add(1)
-		if local {
-			c.local.Add(1)
-		}
 		d := ratelimit.Decision{Limit: h.limit, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
 		if l != nil && mono < l.deadline {
 			d.Remaining = int(max(0, l.avail.Load()))
-			d.ResetAfter = time.Duration(l.deadline - mono)
+			d.ResetAfter = time.Duration(l.end - mono)
 		}
 		return d, true
 	}
 	return ratelimit.Decision{}, false
 }
 
-func (h *Limiter) admitted(c *counter, n, mono int64, local bool) {
-	c.used.Add(n)
-	if c.lastUse.Load() < mono {
+// admitted records an admitted decision: one atomic add for the counts, a
+// store of the last use only when it moved by a millisecond, and a mark for
+// the syncer once per tick.
+func (h *Limiter) admitted(c *counter, l *lease, n, mono int64) {
+	l.tick.Add(1<<32 | uint64(n))
+	if mono-c.lastUse.Load() > int64(time.Millisecond) {
 		c.lastUse.Store(mono)
-	}
-	c.allowed.Add(1)
-	if local {
-		c.local.Add(1)
 	}
 	if !c.dirty.Load() && c.dirty.CompareAndSwap(false, true) {
 		h.syncer.Mark(c)
@@ -248,12 +262,16 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 		}
 		mono := h.mono()
 		if attempt > 0 {
-			if d, ok := h.fast(c, n, mono, false); ok {
+			if d, ok := h.fast(c, n, mono); ok {
+				c.waited.Add(1)
 				return d, nil
 			}
 		}
 		if h.cfg.mode == Optimistic && h.brk.State() == breaker.Closed {
 			if d, ok := h.borrow(c, n, mono, h.optimisticShare()); ok {
+				if attempt > 0 {
+					c.waited.Add(1)
+				}
 				return d, nil
 			}
 		}
@@ -261,15 +279,21 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 			// Leases keep being taken by concurrent callers before this one
 			// gets to them: deny rather than spin.
 			c.denied.Add(1)
+			c.waited.Add(1)
 			return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
 		}
 		if !h.brk.Allow() {
-			return h.fallback(c, n, mono), nil
+			d := h.fallback(c, n, mono)
+			if attempt > 0 {
+				c.waited.Add(1)
+			}
+			return d, nil
 		}
 		if err := h.leaseWait(ctx, c, n, timer.C); err != nil {
 			if ctx.Err() != nil {
 				return ratelimit.Decision{}, ctx.Err()
 			}
+			c.waited.Add(1)
 			return h.fallback(c, n, h.mono()), nil
 		}
 	}
@@ -376,10 +400,25 @@ func (h *Limiter) fallbackShare() int64 {
 	return max(1, int64(h.limit.Rate)/h.instances())
 }
 
-// observeTime keeps the offset between Redis time and the local wall clock.
+// observeTime keeps the offset between Redis time and the local wall clock,
+// NTP style: from the reply with the shortest round trip, since the error
+// of a sample is at most half its round trip. A sample older than
+// offsetMaxAge gives way to any newer one, so a drifting clock is followed.
 func (h *Limiter) observeTime(serverUS, before, after int64) {
+	rtt := after - before
 	localUS := h.startUS + (before+after)/2/1000
-	h.offsetUS.Store(serverUS - localUS)
+	h.offsetMu.Lock()
+	if h.offsetAt == 0 || rtt <= h.offsetRTT || after-h.offsetAt > int64(offsetMaxAge) {
+		h.offsetRTT, h.offsetAt = rtt, after
+		h.offsetUS.Store(serverUS - localUS)
+	}
+	h.offsetMu.Unlock()
+}
+
+// monoAt maps a Redis time (microseconds since the epoch) to this
+// limiter's monotonic clock, through the offset.
+func (h *Limiter) monoAt(serverUS int64) int64 {
+	return (serverUS - h.offsetUS.Load() - h.startUS) * 1000
 }
 
 // window estimates the current window from the local clock and the last
@@ -421,6 +460,7 @@ func (h *Limiter) install(c *counter, res global.Lease, before int64) {
 		// hand was estimated, or its conservative deadline passed while Redis
 		// is still in the window): what l holds moves over or is owed.
 		nl := c.newLease(res.Idx, before+res.Reset*1000, true)
+		nl.end = max(nl.deadline, h.monoAt((res.Idx+1)*h.periodUS))
 		nl.free.Store(int64(h.limit.Rate) - res.Count)
 		if l != nil && l.idx == res.Idx {
 			nl.borrowed.Store(max(nl.borrowed.Load(), l.borrowed.Load()))
@@ -449,13 +489,13 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 		}
 		if l.borrowed.CompareAndSwap(b, b+n) {
 			l.credit.Add(n)
-			h.admitted(c, n, mono, true)
+			h.admitted(c, l, n, mono)
 			rem := share - b - n
 			if share == math.MaxInt64 {
 				rem = int64(h.limit.Rate)
 			}
 			return ratelimit.Decision{Allowed: true, Limit: h.limit, Remaining: int(min(rem, int64(h.limit.Rate))),
-				ResetAfter: time.Duration(l.deadline - mono)}, true
+				ResetAfter: time.Duration(l.end - mono)}, true
 		}
 	}
 }
@@ -488,6 +528,7 @@ func (h *Limiter) currentLease(c *counter, mono int64) *lease {
 		idx = c.nextIdx
 	}
 	nl := c.newLease(idx, deadline, false)
+	nl.end = deadline
 	if c.dead.Load() {
 		// Dead counters hold no lease: whatever is borrowed on nl is
 		// reported through debts by the syncer.
@@ -514,12 +555,10 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 			deadline = l.deadline
 		}
 		c.denied.Add(1)
-		c.local.Add(1)
 		wait := time.Duration(max(deadline-mono, 1))
 		return ratelimit.Decision{Limit: h.limit, RetryAfter: wait, ResetAfter: wait}
 	default: // FailClosed
 		c.denied.Add(1)
-		c.local.Add(1)
 		return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}
 	}
 }
@@ -528,6 +567,7 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 // back to Redis at the next sync.
 func (h *Limiter) evicted(_ string, c *counter) {
 	c.dead.Store(true)
+	h.forget(c)
 	if c.retire() {
 		h.mark(c)
 		return
@@ -537,9 +577,12 @@ func (h *Limiter) evicted(_ string, c *counter) {
 
 // fold adds a counter that leaves for good to the retired statistics.
 func (h *Limiter) fold(c *counter) {
-	h.st.retiredAllowed.Add(c.allowed.Swap(0))
+	c.mu.Lock()
+	t := c.takeTick()
+	c.mu.Unlock()
+	h.st.retiredAllowed.Add(c.allowed.Swap(0) + t>>32)
 	h.st.retiredDenied.Add(c.denied.Swap(0))
-	h.st.retiredLocal.Add(c.local.Swap(0))
+	h.st.retiredWaited.Add(c.waited.Swap(0))
 }
 
 // Flush reconciles with Redis now: every unused lease is given back and

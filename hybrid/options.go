@@ -48,6 +48,7 @@ const (
 	DefaultOptimisticShare  = 8 // optimistic share = Rate / (8 x instances)
 	instanceLivenessFactor  = 3 // an instance counts as alive for 3 heartbeats
 	defaultFinalFlushBudget = 2 * time.Second
+	offsetMaxAge            = 10 * time.Second
 )
 
 type config struct {

@@ -40,18 +40,22 @@ func (h *Limiter) Stats() Stats {
 		Fallback:       h.st.fallback.Load(),
 		Allowed:        h.st.retiredAllowed.Load(),
 		Denied:         h.st.retiredDenied.Load(),
-		LocalDecisions: h.st.retiredLocal.Load(),
 		KeysTracked:    h.table.Len(),
 		Instances:      int(h.instances()),
 		Degraded:       h.brk.State() != breaker.Closed,
 	}
+	waited := h.st.retiredWaited.Load()
 	h.table.Range(func(_ string, c *counter) bool {
-		s.Allowed += c.allowed.Load()
+		c.mu.Lock()
+		t := c.peekTick()
+		c.mu.Unlock()
+		s.Allowed += c.allowed.Load() + t>>32
 		s.Denied += c.denied.Load()
-		s.LocalDecisions += c.local.Load()
+		waited += c.waited.Load()
 		return true
 	})
 	s.Decisions = s.Allowed + s.Denied
+	s.LocalDecisions = s.Decisions - min(waited, s.Decisions)
 	return s
 }
 
