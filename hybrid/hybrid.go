@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math"
 	gosync "sync"
@@ -245,7 +244,6 @@ func (h *Limiter) mark(c *counter) {
 	h.syncer.Mark(c)
 }
 
-var errBreakerOpen = errors.New("hybrid: circuit breaker open")
 
 // slow handles a decision the lease in hand cannot: credit in optimistic
 // mode, a synchronous lease otherwise, the failure mode when Redis fails.
