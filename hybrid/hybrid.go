@@ -244,7 +244,6 @@ func (h *Limiter) mark(c *counter) {
 	h.syncer.Mark(c)
 }
 
-
 // slow handles a decision the lease in hand cannot: credit in optimistic
 // mode, a synchronous lease otherwise, the failure mode when Redis fails.
 func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ratelimit.Decision, error) {
