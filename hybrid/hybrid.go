@@ -617,14 +617,16 @@ func (h *Limiter) retireAll() {
 // Close gives every unused lease back, reports every count, stops the
 // background syncer and waits for every goroutine the Limiter started. It is
 // idempotent; decisions after Close return ratelimit.ErrClosed. The final
-// flush gets up to 2 seconds.
+// flush gets up to 2 seconds or 5 timeouts, whichever is longer; what it
+// could not give back is reported in the error (and stays counted in Redis
+// until its window ends: the safe side).
 func (h *Limiter) Close() error {
 	h.closeOnce.Do(func() {
 		h.closed.Store(true)
 		h.draining.Add(1)
 		h.inflight.Wait()
 		h.retireAll()
-		ctx, cancel := context.WithTimeout(context.Background(), defaultFinalFlushBudget)
+		ctx, cancel := context.WithTimeout(context.Background(), max(defaultFinalFlushBudget, 5*h.cfg.timeout))
 		defer cancel()
 		h.closeErr = h.syncer.Close(ctx)
 		if h.cfg.instances == 0 {
