@@ -267,6 +267,6 @@ func (h *Limiter) applied(o op, res global.Lease, before, after int64) {
 				return
 			}
 		}
-		h.install(c, res, before)
+		h.install(c, res, before, after)
 	}
 }

@@ -42,6 +42,7 @@ type Limiter struct {
 	brk    *breaker.Breaker
 
 	offsetUS      atomic.Int64 // Redis time minus local wall time, microseconds
+	offsetErr     atomic.Int64 // bound of offsetUS's error, ns
 	offsetMu      gosync.Mutex // guards offsetRTT and offsetAt
 	offsetRTT     int64        // round trip of the sample offsetUS came from, ns
 	offsetAt      int64        // monotonic ns of that sample
@@ -272,9 +273,11 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 				return d, nil
 			}
 		}
-		if attempt >= 4 {
-			// Leases keep being taken by concurrent callers before this one
-			// gets to them: deny rather than spin.
+		if attempt >= maxLeaseAttempts {
+			// Every grant was taken by concurrent callers before this one
+			// got to it, again and again, while Redis kept granting: deny
+			// rather than spin. (Exhaustion ends the loop sooner: Redis
+			// answers with no grant and fast denies until the reset.)
 			c.denied.Add(1)
 			c.waited.Add(1)
 			return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
@@ -357,7 +360,7 @@ func (h *Limiter) leaseNow(c *counter, n int64) error {
 				return nil
 			}
 			h.observeTime(res.Now, before, after)
-			h.install(c, res, before)
+			h.install(c, res, before, after)
 			return nil
 		}
 	}
@@ -408,8 +411,20 @@ func (h *Limiter) observeTime(serverUS, before, after int64) {
 	if h.offsetAt == 0 || rtt <= h.offsetRTT || after-h.offsetAt > int64(offsetMaxAge) {
 		h.offsetRTT, h.offsetAt = rtt, after
 		h.offsetUS.Store(serverUS - localUS)
+		h.offsetErr.Store(rtt/2 + int64(time.Microsecond)) // + Redis TIME's resolution
 	}
 	h.offsetMu.Unlock()
+}
+
+// deadline is when a lease granted by res stops being used: the end of its
+// window by the best estimate of Redis time, less that estimate's error, so
+// never after the window's end in Redis. Redis computed res.Reset somewhere
+// between before and after, so the end lies in [before+Reset, after+Reset]:
+// a reply that waited long (a loaded host) does not cut its lease short.
+func (h *Limiter) deadline(res global.Lease, before, after int64) int64 {
+	lo, hi := before+res.Reset*1000, after+res.Reset*1000
+	est := h.monoAt((res.Idx+1)*h.periodUS) - h.offsetErr.Load()
+	return min(max(est, lo), hi)
 }
 
 // monoAt maps a Redis time (microseconds since the epoch) to this
@@ -427,9 +442,9 @@ func (h *Limiter) window(mono int64) (idx, deadline int64) {
 	return idx, mono + (end-now)*1000
 }
 
-// install applies a lease reply to c. before is when the call was sent, so
-// the lease's deadline never falls after the window's end in Redis time.
-func (h *Limiter) install(c *counter, res global.Lease, before int64) {
+// install applies a lease reply to c; the call was sent at before and its
+// reply read at after (monotonic ns).
+func (h *Limiter) install(c *counter, res global.Lease, before, after int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.lease.Load()
@@ -456,7 +471,7 @@ func (h *Limiter) install(c *counter, res global.Lease, before int64) {
 		// A new window, or the same one with a better deadline (the lease in
 		// hand was estimated, or its conservative deadline passed while Redis
 		// is still in the window): what l holds moves over or is owed.
-		nl := c.newLease(res.Idx, before+res.Reset*1000, true)
+		nl := c.newLease(res.Idx, h.deadline(res, before, after), true)
 		nl.end = max(nl.deadline, h.monoAt((res.Idx+1)*h.periodUS))
 		nl.free.Store(int64(h.limit.Rate) - res.Count)
 		if l != nil && l.idx == res.Idx {

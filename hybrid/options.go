@@ -49,6 +49,7 @@ const (
 	instanceLivenessFactor  = 3 // an instance counts as alive for 3 heartbeats
 	defaultFinalFlushBudget = 2 * time.Second
 	offsetMaxAge            = 10 * time.Second
+	maxLeaseAttempts        = 32 // synchronous lease calls one decision may make, within its one timeout
 )
 
 type config struct {
