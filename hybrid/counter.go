@@ -100,9 +100,36 @@ func (c *counter) newLease(idx, deadline int64, known bool) *lease {
 // borrowed. Caller holds c.mu and has already unpublished l.
 func (c *counter) drop(l *lease) {
 	c.old = append(c.old, l)
+	b := l.closeBorrowing()
 	c.owe(l.idx, l.avail.Swap(0), l.credit.Swap(0))
 	if l.idx >= c.spentIdx {
-		c.spentIdx, c.spent = l.idx, l.borrowed.Load()
+		c.spentIdx, c.spent = l.idx, b
+	}
+}
+
+// closedBudget marks a lease's credit budget as closed: no borrow's CAS can
+// succeed on it any more (b+n > share for every share).
+const closedBudget = math.MaxInt64 / 4
+
+// closeBorrowing closes l's credit budget and returns what was borrowed on
+// it. A borrower that loaded l before it was replaced fails its CAS and
+// retries on the new lease, so a window's budget is never handed out twice.
+func (l *lease) closeBorrowing() int64 {
+	b := l.borrowed.Swap(closedBudget)
+	if b >= closedBudget {
+		return 0 // closed before
+	}
+	return b
+}
+
+// reportLate turns credit added to replaced leases after they were
+// replaced (a borrower between its CAS and its add) into debts. Caller
+// holds c.mu.
+func (c *counter) reportLate() {
+	for _, l := range c.old {
+		if cr := l.credit.Swap(0); cr > 0 {
+			c.owe(l.idx, 0, cr)
+		}
 	}
 }
 

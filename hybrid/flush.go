@@ -101,6 +101,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	c.touched.Store(false) // its next use tells the LRU table again
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.reportLate()
 	t := c.takeTick()
 	c.allowed.Add(t >> 32)
 	used := int64(uint32(t))

@@ -474,16 +474,24 @@ func (h *Limiter) install(c *counter, res global.Lease, before, after int64) {
 		nl := c.newLease(res.Idx, h.deadline(res, before, after), true)
 		nl.end = max(nl.deadline, h.monoAt((res.Idx+1)*h.periodUS))
 		nl.free.Store(int64(h.limit.Rate) - res.Count)
-		if l != nil && l.idx == res.Idx {
-			nl.borrowed.Store(max(nl.borrowed.Load(), l.borrowed.Load()))
-			nl.credit.Store(l.credit.Swap(0))
-			nl.avail.Store(l.avail.Swap(0))
-		} else if l != nil {
+		nl.avail.Store(res.Grant)
+		carried := nl.borrowed.Load()
+		// Publish first, then retire l: a caller holding l fails its CAS and
+		// finds nl at once.
+		c.lease.Store(nl)
+		switch {
+		case l == nil:
+		case l.idx == res.Idx:
+			// The same window: l's quota, credit and budget move over. l
+			// started from the same carried budget as nl.
+			nl.borrowed.Add(max(0, l.closeBorrowing()-carried))
+			nl.credit.Add(l.credit.Swap(0))
+			nl.avail.Add(l.avail.Swap(0))
+			c.old = append(c.old, l) // late counts and credit on it are folded at the next tick
+		default:
 			c.drop(l)
 			h.mark(c)
 		}
-		nl.avail.Add(res.Grant)
-		c.lease.Store(nl)
 	default: // a reply about a window older than the lease in hand
 		c.owe(res.Idx, res.Grant, 0)
 		h.mark(c)
@@ -496,6 +504,10 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 	l := h.currentLease(c, mono)
 	for {
 		b := l.borrowed.Load()
+		if b >= closedBudget { // replaced meanwhile: borrow on its successor
+			l = h.currentLease(c, mono)
+			continue
+		}
 		if b+n > share {
 			return ratelimit.Decision{}, false
 		}

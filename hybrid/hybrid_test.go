@@ -240,6 +240,7 @@ func TestOptimisticBound(t *testing.T) {
 	over := 0
 	for _, k := range keys {
 		full, all := tl.windows(k, from, to)
+		t.Logf("key %s windows %v", k, all)
 		for idx, n := range all {
 			require.LessOrEqual(t, n, bound, "key %s window %d over the optimistic bound %d", k, idx, bound)
 			over = max(over, n-limit.Rate)
