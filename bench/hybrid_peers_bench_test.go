@@ -110,6 +110,35 @@ func BenchmarkHybrid10kKeys(b *testing.B) {
 	})
 }
 
+// BenchmarkHybridDisjointKeys: each goroutine decides on its own 1,000
+// keys, as a service whose instances see different users would: no key is
+// shared between cores, so this shows whether anything else is (run with
+// -cpu 1,2).
+func BenchmarkHybridDisjointKeys(b *testing.B) {
+	srv := redistest.Standalone(b)
+	ctx := context.Background()
+	h := newHybrid(b, srv)
+	for _, k := range keys10k {
+		h.Allow(ctx, k)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	next := make(chan int, 10)
+	for i := 0; i < 10; i++ {
+		next <- i * 1000
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		base := <-next
+		i := 0
+		for pb.Next() {
+			h.Allow(ctx, keys10k[base+i])
+			if i++; i == 1000 {
+				i = 0
+			}
+		}
+	})
+}
+
 // BenchmarkPerRequestRedis: what a decision costs when every one is a Redis
 // round trip: our global limiter and go-redis/redis_rate (GCRA), against a
 // local redis-server, parallel.

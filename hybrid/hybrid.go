@@ -32,6 +32,7 @@ type Limiter struct {
 	cfg      config
 	periodUS int64
 	periodNS int64
+	useGrain int64     // resolution of counter.lastUse, ns
 	start    time.Time // monotonic base of every deadline
 	startUS  int64     // wall clock at start, microseconds since the epoch
 	id       string
@@ -100,6 +101,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		cfg:      cfg,
 		periodUS: int64(limit.Period / time.Microsecond),
 		periodNS: int64(limit.Period),
+		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),
 		start:    now,
 		startUS:  now.UnixMicro(),
 		id:       cfg.instanceID,
@@ -227,12 +229,14 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 	return ratelimit.Decision{}, false
 }
 
-// admitted records an admitted decision: one atomic add for the counts, a
-// store of the last use only when it moved by a millisecond, and a mark for
+// admitted records an admitted decision: one atomic add for the counts
+// (beside avail), a store of the last use only when it moved by a 32nd of
+// the period (it serves idle detection only, and a store on every decision
+// would make the counter's cache line bounce between cores), and a mark for
 // the syncer once per tick.
 func (h *Limiter) admitted(c *counter, l *lease, n, mono int64) {
 	l.tick.Add(1<<32 | uint64(n))
-	if mono-c.lastUse.Load() > int64(time.Millisecond) {
+	if mono-c.lastUse.Load() > h.useGrain {
 		c.lastUse.Store(mono)
 	}
 	if !c.dirty.Load() && c.dirty.CompareAndSwap(false, true) {
