@@ -13,6 +13,8 @@ import (
 )
 
 var (
+	//go:embed prelude.lua
+	preludeLua string
 	//go:embed fixed_window.lua
 	fixedWindowLua string
 	//go:embed sliding_window.lua
@@ -26,12 +28,15 @@ var (
 )
 
 // scripts holds one script per Algorithm, indexed by it.
+// newScript builds a script from the shared prelude and its body.
+func newScript(body string) *redis.Script { return redis.NewScript(preludeLua + body) }
+
 var scripts = [...]*redis.Script{
-	ratelimit.FixedWindow:   redis.NewScript(fixedWindowLua),
-	ratelimit.SlidingWindow: redis.NewScript(slidingWindowLua),
-	ratelimit.SlidingLog:    redis.NewScript(slidingLogLua),
-	ratelimit.TokenBucket:   redis.NewScript(tokenBucketLua),
-	ratelimit.GCRA:          redis.NewScript(gcraLua),
+	ratelimit.FixedWindow:   newScript(fixedWindowLua),
+	ratelimit.SlidingWindow: newScript(slidingWindowLua),
+	ratelimit.SlidingLog:    newScript(slidingLogLua),
+	ratelimit.TokenBucket:   newScript(tokenBucketLua),
+	ratelimit.GCRA:          newScript(gcraLua),
 }
 
 // DefaultAlgorithm is the Algorithm a Limiter uses when WithAlgorithm is not

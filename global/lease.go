@@ -21,7 +21,7 @@ var leaseSource string
 // works on the same fw:/sw: counters as the FixedWindow and SlidingWindow
 // limiters of this package. Its arguments are built by LeaseArgs.Args and its
 // reply read by ParseLease.
-var LeaseScript = redis.NewScript(leaseSource)
+var LeaseScript = newScript(leaseSource)
 
 // LeaseArgs are the arguments of one LeaseScript call for one key.
 type LeaseArgs struct {

@@ -28,20 +28,9 @@ local base = KEYS[1]
 local algo = ARGV[1]
 local P = tonumber(ARGV[2])
 local R = tonumber(ARGV[3])
-local now = tonumber(ARGV[4])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[4])
 
-local function fdiv(a, b) -- exact floor(a / b) for integers below 2^53
-  local q = math.floor(a / b)
-  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
-  return q
-end
-local function cdiv(a, b)
-  return -fdiv(-a, b)
-end
+-- fdiv and cdiv come from prelude.lua, prepended when the script is built.
 local function ms(us) -- microseconds to a PEXPIRE argument, rounded up, with grace
   return cdiv(us, 1000) + 1000
 end

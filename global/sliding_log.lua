@@ -12,27 +12,9 @@
 -- Instants t + P can exceed 2^53 for a long Period, so they are computed
 -- as P - (now - t), whose terms cannot.
 
--- floor(a/b) and ceil(a/b) for integers, corrected for the rounding of a/b.
-local function fdiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-local function cdiv(a, b)
-  local q = fdiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
+-- fdiv and cdiv come from prelude.lua, prepended when the script is built.
 
-local now = tonumber(ARGV[1])
-if now == nil or now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local R = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
