@@ -23,9 +23,11 @@ import (
 // almost every decision from memory, out of quota leased from Redis, and a
 // background syncer reconciles with Redis every sync interval.
 //
-// A Limiter is safe for concurrent use. Make one per process and limit with
-// New; the zero value is not usable. Close it to give its unused quota back
-// and stop its goroutines.
+// A Limiter is safe for concurrent use. Make one per process and Limit with
+// New (the zero value is not usable), share it between goroutines, and Close
+// it to give its unused quota back and stop its goroutines. Its default
+// algorithm is FixedWindow; a global.Limiter defaults to SlidingWindow, so
+// name the algorithm when a fleet mixes the two on one quota.
 type Limiter struct {
 	client   redis.UniversalClient
 	limit    ratelimit.Limit
@@ -151,7 +153,7 @@ func (h *Limiter) mono() int64 { return int64(time.Since(h.start)) }
 // if so. With quota leased for key it decides in memory, without waiting on
 // Redis; otherwise it leases (one Redis call shared by every concurrent
 // caller of key) and waits at most the configured timeout. When Redis
-// cannot answer, the FailureMode decides, with a nil error.
+// cannot answer, the ratelimit.FailureMode decides, with a nil error.
 //
 // It returns an error wrapping ratelimit.ErrInvalidKey for an empty key,
 // ratelimit.ErrInvalidN for n <= 0 or n > Rate, ratelimit.ErrClosed after
