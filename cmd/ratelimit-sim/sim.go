@@ -292,8 +292,7 @@ type phaseResult struct {
 	worst       []keyWindow // the key-windows above the limit, most allowed first (at most 5)
 	instLo      int         // instances sharing the quota as the hybrid instances saw it at the end
 	instHi      int
-	hot         []int     // allowed per full window of the hottest key (key 0)
-	offered     []float64 // decisions/s offered per key
+	hot         []int // allowed per full window of the hottest key (key 0)
 }
 
 // keyWindow is what one key admitted in window idx.
