@@ -115,6 +115,9 @@ func (b *Breaker) OnStateChange(fn func(from, to State)) {
 // elapsed still reports Open until the next Allow lets the probe through.
 func (b *Breaker) State() State { return State(b.state.Load()) }
 
+// Failures returns the consecutive failures counted in the Closed state.
+func (b *Breaker) Failures() int { return int(b.failures.Load()) }
+
 // Allow reports whether the caller may call the dependency. Closed: always
 // true. Open: false until OpenTimeout has elapsed since it opened; then the
 // breaker turns HalfOpen and exactly one caller gets true (the probe), which
@@ -198,6 +201,24 @@ func (b *Breaker) Failure() {
 		b.mu.Unlock()
 		return
 	}
+	b.openedAt = b.now()
+	b.state.Store(int32(Open))
+	b.mu.Unlock()
+	b.notify(from, Open)
+}
+
+// Trip records a failure that alone is evidence enough of an outage (for
+// the hybrid limiter: a call that got no reply at all within its deadline):
+// the breaker opens as if the FailureThreshold were reached, from Closed or
+// HalfOpen. In the Open state it changes nothing.
+func (b *Breaker) Trip() {
+	b.mu.Lock()
+	from := State(b.state.Load())
+	if from == Open {
+		b.mu.Unlock()
+		return
+	}
+	b.failures.Store(b.threshold)
 	b.openedAt = b.now()
 	b.state.Store(int32(Open))
 	b.mu.Unlock()

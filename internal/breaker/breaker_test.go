@@ -342,3 +342,47 @@ func BenchmarkAllowSuccessClosed(b *testing.B) {
 		}
 	})
 }
+
+// Trip opens the breaker at once from Closed (whatever failures were
+// counted) and from HalfOpen, restarting the open timeout; Open stays as it
+// is. A later Success closes it as usual.
+func TestTrip(t *testing.T) {
+	h := newHarness(t, 3, time.Second)
+	h.b.Failure()
+	h.b.Trip()
+	if got := h.b.State(); got != Open {
+		t.Fatalf("after Trip: %v, want open", got)
+	}
+	if h.b.Allow() {
+		t.Fatal("an open breaker let a call through")
+	}
+	h.clock.Advance(500 * time.Millisecond)
+	h.b.Trip() // already open: the timeout is not extended
+	h.clock.Advance(500 * time.Millisecond)
+	if !h.b.Allow() {
+		t.Fatal("no probe after the open timeout")
+	}
+	h.b.Trip() // the probe found no reply: open again, a fresh timeout
+	if got := h.b.State(); got != Open {
+		t.Fatalf("Trip in half-open: %v, want open", got)
+	}
+	h.clock.Advance(999 * time.Millisecond)
+	if h.b.Allow() {
+		t.Fatal("the open timeout was not restarted")
+	}
+	h.clock.Advance(time.Millisecond)
+	if !h.b.Allow() {
+		t.Fatal("no probe after the restarted timeout")
+	}
+	h.b.Success()
+	want := []transition{{Closed, Open}, {Open, HalfOpen}, {HalfOpen, Open}, {Open, HalfOpen}, {HalfOpen, Closed}}
+	got := h.transitions()
+	if len(got) != len(want) {
+		t.Fatalf("transitions %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("transitions %v, want %v", got, want)
+		}
+	}
+}
