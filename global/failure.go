@@ -76,25 +76,31 @@ func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, key string,
 // when the client has ContextTimeoutEnabled (or ReadTimeout and WriteTimeout
 // no longer than it). The hybrid limiter enforces its timeout by itself.
 func WithFailureMode(m ratelimit.FailureMode) Option {
-	return optionFunc(func(c *config) { c.failMode = &m })
+	return optionFunc(func(c *config) error {
+		c.failMode = &m
+		return nil
+	})
 }
 
 // WithFallback is the limiter FailLocal decides with while Redis cannot
 // answer, typically a local.Limiter with this instance's share of the limit
 // (Rate / instances).
 func WithFallback(l ratelimit.Limiter) Option {
-	return optionFunc(func(c *config) { c.fallback = l })
+	return optionFunc(func(c *config) error {
+		c.fallback = l
+		return nil
+	})
 }
 
 // WithTimeout sets the deadline of every script call when WithFailureMode
 // is given (default 100ms). d must be > 0.
 func WithTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *config) error {
 		if d <= 0 {
-			c.err = fmt.Errorf("%w: timeout must be > 0, got %v", ratelimit.ErrInvalidOption, d)
-			return
+			return fmt.Errorf("%w: timeout must be > 0, got %v", ratelimit.ErrInvalidOption, d)
 		}
 		c.timeout = d
+		return nil
 	})
 }
 
@@ -102,12 +108,12 @@ func WithTimeout(d time.Duration) Option {
 // consecutive failed calls (default 3) decisions skip Redis for openFor
 // (default 500ms), then one call probes.
 func WithBreaker(failures int, openFor time.Duration) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *config) error {
 		if failures < 1 || openFor <= 0 {
-			c.err = fmt.Errorf("%w: breaker needs failures >= 1 and openFor > 0", ratelimit.ErrInvalidOption)
-			return
+			return fmt.Errorf("%w: breaker needs failures >= 1 and openFor > 0", ratelimit.ErrInvalidOption)
 		}
 		c.failures, c.openFor = failures, openFor
+		return nil
 	})
 }
 

@@ -1,14 +1,13 @@
 -- FixedWindow, exactly as docs/algorithms.md says, in integer microseconds.
 --
--- KEYS[1]  "<prefix>:{<tag>}:"; the counter is KEYS[1] .. "fw:<ws/P>".
+-- KEYS[1]  "<prefix>:{<tag>}:"; the counter is wkey(KEYS[1], kind, ws/P).
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
--- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  kind
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
--- request writes nothing.
-
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
+-- request writes nothing. The counter may be a hybrid limiter's hash:
+-- wcount and wincr (prelude.lua) read and count in either form.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -17,13 +16,13 @@ local P = tonumber(ARGV[4])
 
 local idx = fdiv(now, P)
 local e = now - idx * P -- elapsed in the window; ws + P - now = P - e
-local key = KEYS[1] .. 'fw:' .. string.format('%d', idx)
+local key = wkey(KEYS[1], ARGV[5], idx)
 
-local count = tonumber(redis.call('GET', key) or '0')
+local count = wcount(key)
 local allowed = 0
 if count + n <= R then
-  count = redis.call('INCRBY', key, n)
-  redis.call('PEXPIRE', key, cdiv(P - e, 1000) + 1000)
+  count = wincr(key, n)
+  redis.call('PEXPIRE', key, expiry_ms(P - e))
   allowed = 1
 end
 

@@ -15,7 +15,8 @@
 -- written as a decimal string in two halves of 8 digits, and the script
 -- works with d. ntat - now is d + n*T; ntat - tau - now is n*T - (tau - d).
 
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
+-- fdiv, cdiv, clock and expiry_ms come from internal/script/prelude.lua,
+-- prepended when the script is built.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -60,7 +61,7 @@ if d + nT <= tau then -- ntat - now <= tau
   else
     tat = string.format('%d', lo)
   end
-  redis.call('SET', key, tat, 'PX', cdiv(d, 1000) + 1000)
+  redis.call('SET', key, tat, 'PX', expiry_ms(d))
   allowed = 1
 else
   retry = nT - (tau - d)

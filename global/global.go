@@ -3,18 +3,17 @@ package global
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
-	"github.com/hybridlimit/ratelimit"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
 var (
-	//go:embed prelude.lua
-	preludeLua string
 	//go:embed fixed_window.lua
 	fixedWindowLua string
 	//go:embed sliding_window.lua
@@ -27,22 +26,23 @@ var (
 	gcraLua string
 )
 
-// scripts holds one script per Algorithm, indexed by it.
-// newScript builds a script from the shared prelude and its body.
-func newScript(body string) *redis.Script { return redis.NewScript(preludeLua + body) }
-
+// scripts holds one script per Algorithm, indexed by it, each built on the
+// module's shared Lua prelude.
 var scripts = [...]*redis.Script{
-	ratelimit.FixedWindow:   newScript(fixedWindowLua),
-	ratelimit.SlidingWindow: newScript(slidingWindowLua),
-	ratelimit.SlidingLog:    newScript(slidingLogLua),
-	ratelimit.TokenBucket:   newScript(tokenBucketLua),
-	ratelimit.GCRA:          newScript(gcraLua),
+	ratelimit.FixedWindow:   script.New(fixedWindowLua),
+	ratelimit.SlidingWindow: script.New(slidingWindowLua),
+	ratelimit.SlidingLog:    script.New(slidingLogLua),
+	ratelimit.TokenBucket:   script.New(tokenBucketLua),
+	ratelimit.GCRA:          script.New(gcraLua),
 }
 
 // DefaultAlgorithm is the Algorithm a Limiter uses when WithAlgorithm is not
-// given: the two-window weighted counter, constant memory per key and no
-// boundary burst.
-const DefaultAlgorithm = ratelimit.SlidingWindow
+// given: FixedWindow, as for the hybrid and local limiters, so that limiters
+// of every package left on their defaults with one prefix share one quota.
+const DefaultAlgorithm = ratelimit.FixedWindow
+
+// DefaultPrefix is the Redis key prefix used when WithPrefix is not given.
+const DefaultPrefix = script.DefaultPrefix
 
 // Limiter is an exact rate limiter whose state lives in Redis: each AllowN is
 // one atomic Lua script call, so every process that uses the same Redis, the
@@ -60,7 +60,7 @@ type Limiter struct {
 	clock  func() time.Time
 	script *redis.Script
 	// args after ARGV[1] (now) and ARGV[2] (n); fixed for the Limiter.
-	rest  [3]int64
+	rest  [3]any
 	nrest int
 
 	fail *failure // nil unless WithFailureMode was given
@@ -76,23 +76,20 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // for an unknown algorithm; and ratelimit.ErrInvalidOption for a nil client
 // or an option out of range. New does not talk to Redis.
 func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
-	if isNil(client) {
+	if script.IsNilClient(client) {
 		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
 	}
 	c := config{alg: DefaultAlgorithm, prefix: DefaultPrefix}
 	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
+		if o == nil {
+			continue
 		}
-	}
-	if c.err != nil {
-		return nil, c.err
+		if err := o.apply(&c); err != nil {
+			return nil, err
+		}
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err
-	}
-	if !c.alg.Valid() {
-		return nil, fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, c.alg)
 	}
 	p := int64(limit.Period / time.Microsecond)
 	l := &Limiter{client: client, limit: limit, alg: c.alg, prefix: c.prefix, clock: c.clock, script: scripts[c.alg]}
@@ -103,32 +100,19 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	l.fail = f
 	switch c.alg {
 	case ratelimit.TokenBucket:
-		l.rest, l.nrest = [3]int64{int64(limit.Rate), p, int64(limit.Capacity()) * p}, 3
+		l.rest, l.nrest = [3]any{int64(limit.Rate), p, int64(limit.Capacity()) * p}, 3
 	case ratelimit.GCRA:
 		if p < int64(limit.Rate) {
 			return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %d/%v", ratelimit.ErrInvalidLimit, limit.Rate, limit.Period)
 		}
 		t := p / int64(limit.Rate)
-		l.rest, l.nrest = [3]int64{t, int64(limit.Capacity()) * t}, 2
-	default:
-		l.rest, l.nrest = [3]int64{int64(limit.Rate), p}, 2
+		l.rest, l.nrest = [3]any{t, int64(limit.Capacity()) * t}, 2
+	case ratelimit.SlidingLog:
+		l.rest, l.nrest = [3]any{int64(limit.Rate), p}, 2
+	default: // the window counters, shared with the hybrid limiter
+		l.rest, l.nrest = [3]any{int64(limit.Rate), p, script.CounterKind(c.alg)}, 3
 	}
 	return l, nil
-}
-
-// isNil reports whether c is nil, or a nil pointer of a go-redis client type.
-func isNil(c redis.UniversalClient) bool {
-	switch v := c.(type) {
-	case nil:
-		return true
-	case *redis.Client:
-		return v == nil
-	case *redis.ClusterClient:
-		return v == nil
-	case *redis.Ring:
-		return v == nil
-	}
-	return false
 }
 
 // Limit returns the Limit the Limiter enforces.
@@ -157,7 +141,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	if err := ratelimit.CheckN(l.limit, l.alg, n); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	base, err := KeyBase(l.prefix, key)
+	base, err := script.KeyBase(l.prefix, key)
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
@@ -171,20 +155,27 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	}
 	args := make([]any, 0, 5)
 	args = append(args, now, n)
-	for _, a := range l.rest[:l.nrest] {
-		args = append(args, a)
-	}
+	args = append(args, l.rest[:l.nrest]...)
+	callCtx := ctx
 	if l.fail != nil {
+		if err := ctx.Err(); err != nil {
+			// The caller's own deadline or cancellation says nothing of
+			// Redis: it must not reach the breaker.
+			return ratelimit.Decision{}, err
+		}
 		if !l.fail.brk.Allow() {
 			return l.fail.decide(ctx, l.limit, key, n)
 		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.fail.timeout)
+		callCtx, cancel = context.WithTimeout(ctx, l.fail.timeout)
 		defer cancel()
 	}
-	res, err := l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
+	res, err := l.script.Run(callCtx, l.client, []string{base}, args...).Int64Slice()
 	if err != nil {
-		if l.fail != nil && ctx.Err() != context.Canceled {
+		if cerr := ctx.Err(); cerr != nil {
+			return ratelimit.Decision{}, cerr // the caller gave up, not Redis
+		}
+		if l.fail != nil {
 			l.fail.brk.Failure()
 			return l.fail.decide(ctx, l.limit, key, n)
 		}
@@ -210,7 +201,6 @@ type config struct {
 	alg      ratelimit.Algorithm
 	prefix   string
 	clock    func() time.Time
-	err      error
 	failMode *ratelimit.FailureMode
 	fallback ratelimit.Limiter
 	timeout  time.Duration
@@ -219,20 +209,27 @@ type config struct {
 }
 
 // Option configures a Limiter made by New. The zero set of options gives
-// DefaultAlgorithm, DefaultPrefix and the Redis server's clock.
+// DefaultAlgorithm, DefaultPrefix and the Redis server's clock. New ignores
+// a nil Option and returns the error of the first Option out of range.
 type Option interface {
-	apply(*config)
+	apply(*config) error
 }
 
-type optionFunc func(*config)
+type optionFunc func(*config) error
 
-func (f optionFunc) apply(c *config) { f(c) }
+func (f optionFunc) apply(c *config) error { return f(c) }
 
 // WithAlgorithm selects how the Limiter counts; the default is
-// DefaultAlgorithm (SlidingWindow). New rejects an unknown Algorithm with
+// DefaultAlgorithm (FixedWindow). New rejects an unknown Algorithm with
 // ratelimit.ErrInvalidAlgorithm.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
-	return optionFunc(func(c *config) { c.alg = a })
+	return optionFunc(func(c *config) error {
+		if !a.Valid() {
+			return fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, a)
+		}
+		c.alg = a
+		return nil
+	})
 }
 
 // WithPrefix sets the first part of every Redis key the Limiter writes; the
@@ -241,12 +238,12 @@ func WithAlgorithm(a ratelimit.Algorithm) Option {
 // '{' or '}' (which would break the Cluster hash tag) with
 // ratelimit.ErrInvalidOption.
 func WithPrefix(prefix string) Option {
-	return optionFunc(func(c *config) {
+	return optionFunc(func(c *config) error {
 		if prefix == "" || strings.ContainsAny(prefix, "{}") {
-			c.err = errors.Join(c.err, fmt.Errorf("%w: prefix %q must be non-empty and hold no braces", ratelimit.ErrInvalidOption, prefix))
-			return
+			return fmt.Errorf("%w: prefix %q must be non-empty and hold no braces", ratelimit.ErrInvalidOption, prefix)
 		}
 		c.prefix = prefix
+		return nil
 	})
 }
 
@@ -256,5 +253,8 @@ func WithPrefix(prefix string) Option {
 // restores the default. AllowN returns an error wrapping
 // ratelimit.ErrInvalidOption when now returns a time before the Unix epoch.
 func WithClock(now func() time.Time) Option {
-	return optionFunc(func(c *config) { c.clock = now })
+	return optionFunc(func(c *config) error {
+		c.clock = now
+		return nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -145,7 +146,7 @@ func TestHostileKeys(t *testing.T) {
 				hashed := false
 				for _, k := range keys {
 					require.NotContains(t, rk, "{"+k+"}")
-					tag := global.HashTag(k)
+					tag := script.HashTag(k)
 					require.NotEqual(t, k, tag)
 					if strings.HasPrefix(rk, prefix+":{"+tag+"}:") {
 						hashed = true

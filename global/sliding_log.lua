@@ -12,7 +12,8 @@
 -- Instants t + P can exceed 2^53 for a long Period, so they are computed
 -- as P - (now - t), whose terms cannot.
 
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
+-- fdiv, cdiv, clock and expiry_ms come from internal/script/prelude.lua,
+-- prepended when the script is built.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -40,7 +41,7 @@ if count + n <= R then
     redis.call('ZADD', log, unpack(args))
     m = stop + 1
   end
-  local ttl = cdiv(P, 1000) + 1000
+  local ttl = expiry_ms(P)
   redis.call('PEXPIRE', log, ttl)
   redis.call('PEXPIRE', seqkey, ttl)
   count = count + n

@@ -1,16 +1,16 @@
 -- SlidingWindow (two-window weighted counter), exactly as
 -- docs/algorithms.md says, in integer microseconds.
 --
--- KEYS[1]  "<prefix>:{<tag>}:"; the counters are KEYS[1] .. "sw:<ws/P>"
---          (current window) and KEYS[1] .. "sw:<ws/P - 1>" (previous).
+-- KEYS[1]  "<prefix>:{<tag>}:"; the counters are wkey(KEYS[1], kind, i)
+--          for the current window i = ws/P, the previous one (i - 1) and
+--          the next (i + 1), which only a hybrid limiter's lease ahead of
+--          the window's start fills.
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
--- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  kind
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
 -- request writes nothing.
-
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -19,41 +19,35 @@ local P = tonumber(ARGV[4])
 
 local idx = fdiv(now, P)
 local e = now - idx * P -- elapsed in the window; ws + P - now = P - e
-local ckey = KEYS[1] .. 'sw:' .. string.format('%d', idx)
-local pkey = KEYS[1] .. 'sw:' .. string.format('%d', idx - 1)
+local ckey = wkey(KEYS[1], ARGV[5], idx)
+local curr = wcount(ckey)
+local prev = wcount(wkey(KEYS[1], ARGV[5], idx - 1))
+local nxt = wcount(wkey(KEYS[1], ARGV[5], idx + 1))
 
-local vals = redis.call('MGET', ckey, pkey)
-local curr = tonumber(vals[1] or '0')
-local prev = tonumber(vals[2] or '0')
-
+-- The estimate now, and what the next window will start from (the current
+-- window weighted fully, plus what was leased from the next one already):
+-- an admission must keep both within R.
 local est = fdiv(prev * (P - e), P) + curr
+local bound = est
+if curr + nxt > bound then bound = curr + nxt end
 local allowed = 0
-if est + n <= R then
-  redis.call('INCRBY', ckey, n)
-  redis.call('PEXPIRE', ckey, cdiv(2 * P - e, 1000) + 1000)
+if bound + n <= R then
+  wincr(ckey, n)
+  redis.call('PEXPIRE', ckey, expiry_ms(2 * P - e))
   curr = curr + n
-  est = est + n
+  bound = bound + n
   allowed = 1
 end
 
--- first(c, room): the smallest e' in [0, P] with floor(c*(P-e')/P) <= room.
-local function first(c, room)
-  if c <= 0 then return 0 end
-  local v = P - cdiv((room + 1) * P, c) + 1
-  if v < 0 then v = 0 end
-  return v
-end
-
-local remaining = R - est
+local remaining = R - bound
 if remaining < 0 then remaining = 0 end
 local reset = P - e
 local retry = 0
 if allowed == 0 then
-  local room = R - curr - n
-  if room >= 0 then
-    retry = first(prev, room) - e
+  if curr + nxt + n <= R then -- the estimate binds: wait for prev to decay
+    retry = first(prev, R - curr - n, P) - e
   else
-    retry = (P - e) + first(curr, R - n)
+    retry = (P - e) + first(curr, R - nxt - n, P) -- the next window
   end
 end
 return {allowed, remaining, retry, reset}

@@ -10,7 +10,8 @@
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
 -- request writes nothing.
 
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
+-- fdiv, cdiv, clock and expiry_ms come from internal/script/prelude.lua,
+-- prepended when the script is built.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
@@ -44,7 +45,7 @@ local allowed = 0
 if u >= need then
   u = u - need
   redis.call('HSET', key, 'u', u, 'ts', ts)
-  redis.call('PEXPIRE', key, cdiv(cdiv(C - u, R), 1000) + 1000)
+  redis.call('PEXPIRE', key, expiry_ms(cdiv(C - u, R)))
   allowed = 1
 end
 

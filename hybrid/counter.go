@@ -5,22 +5,27 @@ import (
 	gosync "sync"
 	"sync/atomic"
 
-	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
 // lease is the quota a counter holds for one window. The request path takes
-// from avail with a CAS; nothing else on the request path writes to it.
+// from avail with a CAS; nothing else on the request path writes to it but
+// the count of what it took (tick, on the same cache line).
 type lease struct {
 	avail    atomic.Int64  // leased units not yet used
-	tick     atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units (beside avail: one cache line for a decision)
-	credit   atomic.Int64  // units admitted on credit (optimistic or fallback), not yet reported
+	tick     atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units
+	credit   atomic.Int64  // units admitted on credit (optimistic, slow reply, fallback), not yet reported
 	borrowed atomic.Int64  // units admitted on credit in this window, reported or not
-	free     atomic.Int64  // the window's remainder in Redis at the last reply
+	free     atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
 	idx      int64         // window index: the window starts at idx x Period since the epoch
-	deadline int64         // monotonic ns (since Limiter.start) after which the lease is not used: never after the window ends in Redis
-	end      int64         // monotonic ns of the window\'s end by the best estimate of Redis time (for ResetAfter)
-	known    bool          // idx came from Redis (false: estimated from the local clock)
+	start    int64         // mono ns of the window's start, by the best estimate
+	end      int64         // mono ns of the window's end, by the best estimate: the lease serves before it
+	known    bool          // idx came from Redis (false: estimated, to hold credit)
+	pre      bool          // leased ahead of its window and not used yet; guarded by counter.mu
 }
+
+// unknownFree is lease.free when no reply told the window's remainder.
+const unknownFree = math.MinInt64
 
 // debt is quota a counter owes Redis for window idx: leased units to give
 // back and units admitted on credit to report.
@@ -30,45 +35,69 @@ type debt struct {
 	use    int64
 }
 
+// sent is a key's outstanding lease call: on its way, or sent and its reply
+// not seen (in doubt), to be sent again.
+type sent struct {
+	args script.LeaseArgs
+	// notApplied: the call certainly did not run (NOSCRIPT, no
+	// connection): it is sent again as new.
+	notApplied bool
+}
+
 // counter is the local state of one key.
 type counter struct {
 	key  string
 	base string // Redis key base of the key
 
-	lease        atomic.Pointer[lease]
-	blockedUntil atomic.Int64 // monotonic ns: the window is exhausted in Redis until then
-	dirty        atomic.Bool  // marked for the syncer
-	dead         atomic.Bool  // evicted or dropped from the table
-	touched      atomic.Bool  // the LRU table heard of a use since the last tick
-	lastUse      atomic.Int64 // monotonic ns of the last admitted request, to the millisecond
+	cur          atomic.Pointer[lease] // the lease decisions take from
+	blockedUntil atomic.Int64          // mono ns: the window is exhausted in Redis until then
+	dirty        atomic.Bool           // marked for the syncer
+	dead         atomic.Bool           // evicted or dropped from the table
+	touched      atomic.Bool           // the LRU table heard of a use since the last tick
+	lastUse      atomic.Int64          // mono ns of the last decision, to a 32nd of the period
+	missed       atomic.Uint64         // denied since the last tick: decisions << 32 | units
 
 	allowed atomic.Uint64 // allowed decisions of past ticks (the syncer folds tick into it)
-	denied  atomic.Uint64
+	denied  atomic.Uint64 // denied decisions of past ticks (the syncer folds missed into it)
 	waited  atomic.Uint64 // decisions that waited on Redis
 
-	mu      gosync.Mutex // guards debts and lease replacement
-	debts   []debt
-	old     []*lease           // dropped since the last tick: their counts are folded at the next one
-	pending []global.LeaseArgs // sent by the syncer, reply not seen: resent as they are
+	mu    gosync.Mutex // guards what follows, and lease replacement
+	next  *lease       // quota of the next window, leased ahead of it
+	debts []debt
+	old   []*lease // replaced since the last tick: their counts are folded at the next one
+	// A key has at most one lease call outstanding: a new one is made only
+	// once the last one's reply was seen. Redis keeps a replay record of
+	// the last call on a counter, so a call resent after a lost reply finds
+	// its own record unless another instance's call came between.
+	call    *sent
+	flight  *flight // the outstanding call, while it is on its way
+	nextIdx int64   // the lowest window an estimated lease may take
+	// What the last window seen of this key is known to have: its index,
+	// what was borrowed in it on credit, its remainder in Redis.
+	spentIdx int64
+	spent    int64
+	freeIdx  int64
+	freeVal  int64
 
-	flight   *flight // the synchronous lease call in progress, guarded by mu
-	nextIdx  int64   // the lowest window an estimated lease may take, guarded by mu
-	spentIdx int64   // the window of the last dropped lease, guarded by mu
-	spent    int64   // what that window borrowed on credit, guarded by mu
+	// Demand, in units asked (allowed or denied), guarded by mu: smoothed,
+	// in units per period, over the visits of the syncer (the last at
+	// planned), and counted per window (the window askedIdx, and the one
+	// before it).
+	rate      float64
+	planned   int64
+	askedIdx  int64
+	asked     int64
+	prevAsked int64
 
-	rate atomicFloat // smoothed units admitted per sync tick, written by the syncer
+	lead  int64 // ns before its window's end that the key leases the next window
+	visit int64 // the sync tick a visit is scheduled for (0: none); guarded by mu
 }
 
-// flight is one synchronous lease call shared by every caller of a key.
+// flight is a key's lease call on its way; decisions of the key wait for it.
 type flight struct {
 	done chan struct{}
 	err  error
 }
-
-type atomicFloat struct{ bits atomic.Uint64 }
-
-func (f *atomicFloat) load() float64   { return math.Float64frombits(f.bits.Load()) }
-func (f *atomicFloat) store(v float64) { f.bits.Store(math.Float64bits(v)) }
 
 // owe records quota owed for window idx. Caller holds c.mu.
 func (c *counter) owe(idx, refund, use int64) {
@@ -85,23 +114,60 @@ func (c *counter) owe(idx, refund, use int64) {
 	c.debts = append(c.debts, debt{idx: idx, refund: refund, use: use})
 }
 
-// newLease makes the lease of window idx. A window's credit budget survives
-// its lease object: a lease made again for the same window carries what was
-// borrowed in it. Caller holds c.mu.
-func (c *counter) newLease(idx, deadline int64, known bool) *lease {
-	nl := &lease{idx: idx, deadline: deadline, known: known}
+// newLease makes the lease of window idx. A window's credit budget and its
+// last-known remainder survive the lease object: a lease made again for the
+// same window carries them. Caller holds c.mu.
+func (c *counter) newLease(idx, start, end int64, known bool) *lease {
+	l := &lease{idx: idx, start: start, end: end, known: known}
+	l.free.Store(unknownFree)
 	if idx == c.spentIdx {
-		nl.borrowed.Store(c.spent)
+		l.borrowed.Store(c.spent)
 	}
-	return nl
+	if idx == c.freeIdx {
+		l.free.Store(c.freeVal)
+	}
+	return l
 }
 
-// drop turns what lease l holds into debts and remembers what its window
-// borrowed. Caller holds c.mu and has already unpublished l.
-func (c *counter) drop(l *lease) {
+// setFree records window idx's remainder in Redis on l (which may be nil).
+// Caller holds c.mu.
+func (c *counter) setFree(l *lease, idx, free int64) {
+	if l != nil && l.idx == idx {
+		l.free.Store(free)
+	}
+	if idx >= c.freeIdx {
+		c.freeIdx, c.freeVal = idx, free
+	}
+}
+
+// knownFree returns window idx's remainder as last heard from Redis.
+// Caller holds c.mu.
+func (c *counter) knownFree(idx int64) (int64, bool) {
+	for _, l := range [...]*lease{c.cur.Load(), c.next} {
+		if l != nil && l.idx == idx {
+			if f := l.free.Load(); f != unknownFree {
+				return f, true
+			}
+		}
+	}
+	if idx == c.freeIdx {
+		return c.freeVal, true
+	}
+	return 0, false
+}
+
+// retireLease turns what lease l holds into debts (refund moot is false) or
+// drops its unused units (moot: its window bounds nothing any more), and
+// remembers what its window borrowed. Caller holds c.mu and has already
+// unpublished l.
+func (c *counter) retireLease(l *lease, moot bool) {
 	c.old = append(c.old, l)
 	b := l.closeBorrowing()
-	c.owe(l.idx, l.avail.Swap(0), l.credit.Swap(0))
+	refund, use := l.avail.Swap(0), l.credit.Swap(0)
+	if moot {
+		refund = 0
+	}
+	c.owe(l.idx, refund, use)
 	if l.idx >= c.spentIdx {
 		c.spentIdx, c.spent = l.idx, b
 	}
@@ -134,15 +200,20 @@ func (c *counter) reportLate() {
 }
 
 // takeTick returns and resets what the counter's leases admitted since the
-// last tick: allowed decisions << 32 | units. Caller holds c.mu.
+// last tick: allowed decisions << 32 | units. A pre-leased lease that was
+// taken from is no longer untouched. Caller holds c.mu.
 func (c *counter) takeTick() uint64 {
 	var t uint64
 	for _, l := range c.old {
 		t += l.tick.Swap(0)
 	}
 	c.old = c.old[:0]
-	if l := c.lease.Load(); l != nil {
-		t += l.tick.Swap(0)
+	if l := c.cur.Load(); l != nil {
+		lt := l.tick.Swap(0)
+		if lt != 0 {
+			l.pre = false
+		}
+		t += lt
 	}
 	return t
 }
@@ -153,19 +224,8 @@ func (c *counter) peekTick() uint64 {
 	for _, l := range c.old {
 		t += l.tick.Load()
 	}
-	if l := c.lease.Load(); l != nil {
+	if l := c.cur.Load(); l != nil {
 		t += l.tick.Load()
 	}
 	return t
-}
-
-// retire takes the counter's lease away and turns what it holds into debts.
-// It returns true when there is something to report.
-func (c *counter) retire() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if l := c.lease.Swap(nil); l != nil {
-		c.drop(l)
-	}
-	return len(c.debts) > 0 || len(c.pending) > 0
 }

@@ -15,10 +15,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
 const faultTimeout = 100 * time.Millisecond
@@ -103,6 +103,7 @@ type fault struct {
 	name     string
 	viaProxy bool
 	keepData bool // the fault loses no Redis data
+	answers  bool // Redis still answers, slowly: not an outage
 	start    func(s *redistest.Server, p *faultproxy.Proxy)
 	stop     func(t *testing.T, s *redistest.Server, p *faultproxy.Proxy)
 }
@@ -112,8 +113,9 @@ var standaloneFaults = []fault{
 		stop: func(t *testing.T, s *redistest.Server, _ *faultproxy.Proxy) { require.NoError(t, s.Restart()) }},
 	{name: "sigstop", keepData: true, start: func(s *redistest.Server, _ *faultproxy.Proxy) { s.Freeze() },
 		stop: func(t *testing.T, s *redistest.Server, _ *faultproxy.Proxy) { require.NoError(t, s.Thaw()) }},
-	{name: "latency", viaProxy: true, keepData: true,
-		start: func(_ *redistest.Server, p *faultproxy.Proxy) { p.SetLatency(3 * faultTimeout) },
+	{name: "latency", viaProxy: true, keepData: true, answers: true,
+		// each way: a round trip of twice the timeout, well within a call's deadline
+		start: func(_ *redistest.Server, p *faultproxy.Proxy) { p.SetLatency(faultTimeout) },
 		stop:  func(_ *testing.T, _ *redistest.Server, p *faultproxy.Proxy) { p.SetLatency(0) }},
 	{name: "cut", viaProxy: true, keepData: true,
 		start: func(_ *redistest.Server, p *faultproxy.Proxy) { p.Refuse(true) },
@@ -121,12 +123,16 @@ var standaloneFaults = []fault{
 }
 
 // During each fault no decision waits longer than the timeout (give or take
-// scheduling), none errs, and the decisions follow the failure mode. After
-// it, the counts in Redis are exact again and hold what the outage admitted.
+// scheduling) and none errs. A Redis that answers slowly is not an outage:
+// the breaker stays closed, no decision comes from the failure mode, and
+// strict mode admits only what Redis granted. Redis killed, stopped or cut
+// off opens the breaker, and then the decisions follow the failure mode;
+// FailLocal admits at most the window's last-known remainder shared by the
+// instances. After the fault, the counts in Redis are exact again and hold
+// what the outage admitted.
 func TestFaults(t *testing.T) {
 	limit := ratelimit.Limit{Rate: 100, Period: 10 * time.Second}
 	const instances = 2
-	share := limit.Rate / instances
 	for _, f := range standaloneFaults {
 		for _, mode := range []ratelimit.FailureMode{ratelimit.FailLocal, ratelimit.FailOpen, ratelimit.FailClosed} {
 			t.Run(f.name+"/"+mode.String(), func(t *testing.T) {
@@ -155,32 +161,44 @@ func TestFaults(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, d.Allowed)
 				}
-				held := redisCount(t, direct, prefix, "k", idx) - 10 // strict: Redis counts every leased unit
+				time.Sleep(150 * time.Millisecond) // the syncer's top-ups land
+				count := redisCount(t, direct, prefix, "k", idx)
+				held := count - 10 // strict: Redis counts every leased unit
 				require.Positive(t, held)
+				// FailLocal's budget: the window's remainder when Redis last
+				// answered, shared by the instances.
+				budget := min(limit.Rate/instances, (limit.Rate-count)/instances)
 
-				leasedBefore := h.Stats().LeasedUnits
+				before := h.Stats()
 				f.start(srv, p)
-				during := loadFor(h, "k", 4, time.Second)
-				degraded := h.Stats().Degraded
+				during := loadFor(h, "k", 4, 1500*time.Millisecond)
+				s := h.Stats()
+				degraded := s.Degraded
 				f.stop(t, srv, p)
 				// A lease call that timed out may still be granted and arrive
 				// late: that quota was counted in Redis and is the instance's
 				// to serve, like the lease it held when the fault began.
-				held += int(h.Stats().LeasedUnits - leasedBefore)
+				held += int(h.Stats().LeasedUnits - before.LeasedUnits)
 
-				t.Logf("held %d; during the fault: allowed %d denied %d; latency p99 %v max %v",
-					held, during.allowed, during.denied, during.quantile(0.99), during.quantile(1))
+				t.Logf("held %d, budget %d; during the fault: allowed %d denied %d, no reply %d, fallback %d; latency p99 %v max %v",
+					held, budget, during.allowed, during.denied, s.NoReply-before.NoReply, s.Fallback-before.Fallback, during.quantile(0.99), during.quantile(1))
 				require.Zero(t, during.errs, "no decision may return an error")
 				require.Less(t, during.quantile(1), 3*faultTimeout, "a decision waited on Redis")
-				require.True(t, degraded, "the breaker must open during the fault")
-				switch mode {
-				case ratelimit.FailOpen:
-					require.Zero(t, during.denied, "FailOpen allows all")
-				case ratelimit.FailClosed:
-					require.LessOrEqual(t, during.allowed, held, "FailClosed allows only leases already held")
-				case ratelimit.FailLocal:
-					require.LessOrEqual(t, during.allowed, held+share, "FailLocal allows its share plus the lease it held")
-					require.GreaterOrEqual(t, during.allowed, min(share, during.allowed+during.denied), "FailLocal serves its share")
+				if f.answers {
+					require.False(t, degraded, "a slow reply is not an outage")
+					require.Zero(t, s.Fallback-before.Fallback, "no decision from the failure mode while Redis answers")
+					require.LessOrEqual(t, during.allowed, held, "strict admits only what Redis granted")
+				} else {
+					require.True(t, degraded, "the breaker must open during the fault")
+					switch mode {
+					case ratelimit.FailOpen:
+						require.LessOrEqual(t, uint64(during.denied), s.NoReply-before.NoReply, "FailOpen denies only before the breaker opens")
+					case ratelimit.FailClosed:
+						require.LessOrEqual(t, during.allowed, held, "FailClosed allows only leases already held")
+					case ratelimit.FailLocal:
+						require.LessOrEqual(t, during.allowed, held+budget, "FailLocal allows its budget plus the lease it held")
+						require.GreaterOrEqual(t, during.allowed, budget, "FailLocal serves its budget")
+					}
 				}
 
 				waitRecovered(t, h)
@@ -212,7 +230,10 @@ func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
-// With the breaker open a decision makes no Redis call at all.
+// With the breaker open a decision makes no Redis call at all. Before it
+// opens (a Redis that accepts connections and never answers opens it once
+// calls time out), decisions wait at most the timeout and are denied:
+// strict mode cannot tell a slow Redis from a dead one until then.
 func TestBreakerOpenNoRedisCall(t *testing.T) {
 	srv := redistest.Standalone(t)
 	p, err := faultproxy.New(srv.Addr())
@@ -226,17 +247,28 @@ func TestBreakerOpenNoRedisCall(t *testing.T) {
 		hybrid.WithSyncInterval(time.Hour), hybrid.WithBreaker(1, time.Hour), hybrid.WithInstances(1))
 	require.NoError(t, err)
 	p.Block(true)
-	d, err := h.Allow(context.Background(), "first")
-	require.NoError(t, err)
-	require.True(t, d.Allowed, "FailLocal")
-	require.True(t, h.Stats().Degraded)
-	before := hook.n.Load()
-	for i := 0; i < 200; i++ {
-		_, err := h.Allow(context.Background(), fmt.Sprintf("key-%d", i))
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; !h.Stats().Degraded; i++ {
+		require.True(t, time.Now().Before(deadline), "the breaker did not open")
+		start := time.Now()
+		d, err := h.Allow(context.Background(), "first")
 		require.NoError(t, err)
+		require.Less(t, time.Since(start), 3*faultTimeout)
+		if d.Allowed {
+			require.True(t, h.Stats().Degraded, "strict: admitted without Redis while the breaker was closed")
+		} else {
+			require.Positive(t, d.RetryAfter)
+		}
+	}
+	before := hook.n.Load()
+	fallback := h.Stats().Fallback
+	for i := 0; i < 200; i++ {
+		d, err := h.Allow(context.Background(), fmt.Sprintf("key-%d", i))
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "FailLocal: a window nothing was heard of has the whole share")
 	}
 	require.Equal(t, before, hook.n.Load(), "a decision called Redis with the breaker open")
-	require.EqualValues(t, 201, h.Stats().Fallback)
+	require.EqualValues(t, 200, h.Stats().Fallback-fallback)
 	p.Block(false)
 	h.Close()
 }
@@ -269,7 +301,7 @@ func TestLostReplyCountedOnce(t *testing.T) {
 
 	// Lose the reply to the flush's script call (its SHA is in the request),
 	// after Redis applied it.
-	p.DropReplyTo([]byte(global.LeaseScript.Hash()))
+	p.DropReplyTo([]byte(script.Lease.Hash()))
 	require.Error(t, h.Flush(context.Background()), "the reply was lost")
 	require.Equal(t, 30, redisCount(t, direct, prefix, "k", idx), "Redis applied the refund")
 	require.NoError(t, h.Flush(context.Background()))

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
 // tally counts allowed decisions per key and window. The window of a
@@ -131,6 +131,12 @@ func sumStats(hs []*hybrid.Limiter) hybrid.Stats {
 		s.RoundTrips += x.RoundTrips
 		s.SyncRoundTrips += x.SyncRoundTrips
 		s.Leases += x.Leases
+		s.LeasedUnits += x.LeasedUnits
+		s.LeasedAhead += x.LeasedAhead
+		s.NoReply += x.NoReply
+		s.Refunded += x.Refunded
+		s.Reported += x.Reported
+		s.KeysTracked += x.KeysTracked
 		s.FlushErrors += x.FlushErrors
 		s.Fallback += x.Fallback
 	}
@@ -141,9 +147,16 @@ func sumStats(hs []*hybrid.Limiter) hybrid.Stats {
 // limiter keeps for key in window idx.
 func redisCount(t *testing.T, c redis.UniversalClient, prefix, key string, idx int64) int {
 	t.Helper()
-	base, err := global.KeyBase(prefix, key)
+	base, err := script.KeyBase(prefix, key)
 	require.NoError(t, err)
-	n, err := c.Get(context.Background(), global.WindowKey(base, ratelimit.FixedWindow, idx)).Int()
+	k := script.WindowKey(base, script.CounterKind(ratelimit.FixedWindow), idx)
+	ctx := context.Background()
+	var n int
+	if c.Type(ctx, k).Val() == "hash" {
+		n, err = c.HGet(ctx, k, "c").Int()
+	} else {
+		n, err = c.Get(ctx, k).Int()
+	}
 	if err == redis.Nil {
 		return 0
 	}

@@ -2,56 +2,82 @@ package hybrid
 
 import (
 	"context"
-	"strings"
-	"time"
+	"errors"
+	"fmt"
+	"net"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
-// op is one lease-script call the syncer sends for a counter.
+// op is one lease-script call for a counter.
 type op struct {
 	c    *counter
-	args global.LeaseArgs
-	cmd  *redis.Cmd
+	args script.LeaseArgs
+	f    *flight // the decisions waiting for it, if any
 }
 
 // tick runs at the start of every sync tick, on the syncer goroutine.
 func (h *Limiter) tick(ctx context.Context) {
-	if h.brk.State() != breaker.Closed {
-		// Probe in the background, so that the breaker closes even when no
-		// decision and no flush asks Redis anything.
-		pctx, cancel := context.WithTimeout(ctx, h.cfg.timeout)
-		err := h.client.Ping(pctx).Err()
-		cancel()
-		h.st.roundTrips.Add(1)
-		if err == nil {
-			h.brk.Success()
-		} else {
-			h.brk.Failure()
-		}
+	now := h.mono()
+	if h.lastTick > 0 {
+		// the time from one tick to the next: the interval, plus what the
+		// previous pass took (or the backoff), smoothed
+		gap := now - h.lastTick
+		h.tickGap.Store((h.tickGap.Load() + gap) / 2)
 	}
+	h.lastTick = now
+	if h.brk.State() != breaker.Closed || h.brk.Failures() > 0 {
+		h.probe(ctx)
+	}
+	h.visitDue()
 	if h.cfg.instances == 0 && h.mono() >= h.nextBeat {
 		h.nextBeat = h.mono() + int64(h.cfg.heartbeatEvery)
-		h.heartbeat(ctx, true)
+		hctx, cancel := context.WithTimeout(ctx, h.callTimeout())
+		h.heartbeat(hctx, true)
+		cancel()
+	}
+}
+
+// probe asks Redis, in the background, whether it serves lease calls: when
+// the breaker is open (so that it closes even when no decision and no flush
+// asks Redis anything), and when a call failed lately (so that an outage
+// opens it after a few ticks even when few calls are made, for few keys).
+// The probe is a lease call that asks for nothing and writes nothing: like
+// the real ones, Redis refuses it when out of memory.
+func (h *Limiter) probe(ctx context.Context) {
+	a := script.LeaseArgs{Base: h.probeBase, Kind: h.kind, Limit: h.limit, Instances: 1, Min: 1}
+	pctx, cancel := context.WithTimeout(ctx, h.cfg.timeout)
+	defer cancel()
+	err := h.callErr(pctx, func(ctx context.Context) error {
+		return script.Lease.Run(ctx, h.client, a.Keys(), a.Args()...).Err()
+	})
+	h.st.roundTrips.Add(1)
+	if err == nil {
+		h.brk.Success()
+	} else {
+		h.brk.Failure()
 	}
 }
 
 // heartbeat registers (or, with join false, removes) this instance and
 // learns how many instances share the quota.
 func (h *Limiter) heartbeat(ctx context.Context, join bool) {
-	live := int64(h.cfg.heartbeatEvery/time.Millisecond) * instanceLivenessFactor
+	live := int64(h.cfg.heartbeatEvery.Milliseconds()) * instanceLivenessFactor
 	flag := "1"
 	if !join {
 		flag = "0"
 	}
-	n, err := global.InstancesScript.Run(ctx, h.client, []string{global.InstancesKey(h.cfg.prefix)}, h.id, live, flag).Int64()
-	h.st.roundTrips.Add(1)
-	if err == nil && n > 0 {
-		h.liveInstances.Store(n)
-	}
+	h.bounded(ctx, func(ctx context.Context) {
+		n, err := script.Instances.Run(ctx, h.client, []string{script.InstancesKey(h.cfg.prefix)}, h.id, live, flag).Int64()
+		h.st.roundTrips.Add(1)
+		if err == nil && n > 0 {
+			h.liveInstances.Store(n)
+		}
+	})
 }
 
 // flush is the syncer's FlushFunc: for every counter of the batch it turns
@@ -60,10 +86,7 @@ func (h *Limiter) heartbeat(ctx context.Context, join bool) {
 // hold quota, owe something or wait for a reply, to be visited again.
 func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, error) {
 	mono := h.mono()
-	var (
-		ops   []op
-		again []*counter
-	)
+	var ops []op
 	for _, c := range batch {
 		ops = h.plan(ops, c, mono)
 	}
@@ -71,12 +94,16 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 	if len(ops) > 0 {
 		err = h.send(ctx, ops)
 	}
+	again := batch[:0]
 	for _, c := range batch {
 		c.mu.Lock()
-		keep := c.lease.Load() != nil || len(c.debts) > 0 || len(c.pending) > 0
+		soon := len(c.debts) > 0 || c.call != nil
+		holds := c.cur.Load() != nil || c.next != nil
 		c.mu.Unlock()
 		switch {
-		case keep:
+		case soon:
+			again = append(again, c) // the next tick sends it
+		case c.dead.Load() && holds:
 			again = append(again, c)
 		case c.dead.Load():
 			h.fold(c)
@@ -86,16 +113,12 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 }
 
 // plan appends to ops what to send for c: first every call whose reply was
-// lost, sent again as it was so that Redis replays instead of applying it
-// twice; then one call per window c owes (refund and credit); and, when the
-// key is busy and nothing is in doubt, a top-up of its lease, carried by the
-// last call.
-//
-// Replay protection keeps the reply of a key's latest call only, so a call
-// sent again after a later one was applied gets the later reply. Only the
-// last call of a key may ask for quota, and only when no call is in doubt:
-// then a replayed reply can lose a grant (quota counted in Redis and never
-// used, the safe side) but never install one twice.
+// lost, sent again (Redis replays it if it can tell it was applied, and
+// otherwise applies only its credit); then at most one new call, carrying
+// what c owes per window (refunds and credit), a top-up of the current
+// window when the key's demand is about to outrun its lease, and, within
+// its lead of the window's end, the next window's quota for a key in use in
+// this window.
 func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	c.dirty.Store(false)
 	c.touched.Store(false) // its next use tells the LRU table again
@@ -103,98 +126,205 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	defer c.mu.Unlock()
 	c.reportLate()
 	t := c.takeTick()
+	m := c.missed.Swap(0)
 	c.allowed.Add(t >> 32)
-	used := int64(uint32(t))
-	c.rate.store((c.rate.load() + float64(used)) / 2)
+	c.denied.Add(m >> 32)
+	asked := int64(uint32(t)) + int64(uint32(m))
+	if c.planned > 0 && mono > c.planned {
+		c.rate = (c.rate + float64(asked)*float64(h.periodNS)/float64(mono-c.planned)) / 2
+	}
+	c.planned = mono
+	quiet := asked == 0
 
-	idle := mono-c.lastUse.Load() >= h.periodNS && used == 0
-	if idle && !c.dead.Load() {
+	dead := c.dead.Load()
+	lastUse := c.lastUse.Load()
+	if quiet && !dead && mono-lastUse >= h.periodNS {
+		// idle for a whole period: the key leaves the table
 		if h.table.RemoveIf(c.key, func(v *counter) bool { return v == c }) {
 			c.dead.Store(true)
 			h.forget(c)
+			dead = true
+		}
+	}
+	draining := h.draining.Load() > 0
+	h.rollLocked(c, mono)
+	idx, end := h.windowOf(c, mono)
+	if idx != c.askedIdx {
+		if idx == c.askedIdx+1 {
+			c.prevAsked = c.asked
+		} else {
+			c.prevAsked = 0
+		}
+		c.askedIdx, c.asked = idx, 0
+	}
+	c.asked += asked
+	gap := h.idleGap(c, mono)
+	// While Flush or Close drains, a lease installed since they retired the
+	// counters (a reply of the tick they waited for) goes back too. So does
+	// quota leased ahead of its window and never used by a key gone quiet.
+	if l := c.cur.Load(); l != nil && (mono >= l.end || dead || draining || (l.pre && mono-max(lastUse, l.start) >= gap)) {
+		c.cur.Store(nil)
+		if mono >= l.end {
+			c.nextIdx = max(c.nextIdx, l.idx+1)
+		}
+		c.retireLease(l, h.moot(l.idx, mono))
+	}
+	if l := c.next; l != nil && (dead || draining || mono-lastUse >= gap) {
+		c.next = nil
+		c.retireLease(l, h.moot(l.idx, mono))
+	}
+	cur := c.cur.Load()
+	if cur != nil {
+		if cr := cur.credit.Swap(0); cr > 0 {
+			c.owe(cur.idx, 0, cr)
 		}
 	}
 
-	l := c.lease.Load()
-	// While Flush or Close drains, a lease installed since they retired the
-	// counters (a top-up reply of the tick they waited for) goes back too.
-	if l != nil && (mono >= l.deadline || c.dead.Load() || h.draining.Load() > 0) {
-		c.lease.Store(nil)
-		if mono >= l.deadline {
-			c.nextIdx = max(c.nextIdx, l.idx+1)
+	if c.flight != nil {
+		// A call is on its way (a decision's): what else is owed waits for
+		// its reply.
+		if !dead {
+			h.scheduleLocked(c, mono, end, lastUse, gap)
 		}
-		c.drop(l)
-		l = nil
+		return ops
 	}
-	if l != nil {
-		if cr := l.credit.Swap(0); cr > 0 {
-			c.owe(l.idx, 0, cr)
-		}
+	if args, ok := h.resend(c); ok {
+		// The last call's reply was lost: it goes again, alone.
+		return h.launch(ops, c, args)
 	}
-	inDoubt := len(c.pending) > 0
-	for _, p := range c.pending {
-		ops = append(ops, op{c: c, args: p})
-	}
-	newCall := func() global.LeaseArgs {
-		return global.LeaseArgs{
-			Base: c.base, Algorithm: h.cfg.algorithm, Limit: h.limit,
-			RefundIdx: -1, UseIdx: -1, Min: 1, Instances: h.instances(), Instance: h.id,
-			// One limiter-wide sequence: a key's counter can be dropped
-			// and made again, and Redis must never take the new counter's
-			// first call for a replay of the old one's.
-			Seq: h.seq.Add(1),
-		}
-	}
-	var calls []global.LeaseArgs
+	a := h.newCall(c)
+	kept := c.debts[:0]
 	for _, d := range c.debts {
-		a := newCall()
-		a.RefundIdx, a.Refund, a.UseIdx, a.Use = d.idx, d.refund, d.idx, d.use
-		calls = append(calls, a)
-	}
-	c.debts = c.debts[:0]
-	if !inDoubt && !c.dead.Load() && used > 0 && h.draining.Load() == 0 && h.brk.State() != breaker.Open {
-		target := h.target(c)
-		var have int64
-		if l != nil && l.known {
-			have = l.avail.Load()
-		}
-		if have < target/2+1 {
-			if len(calls) == 0 {
-				calls = append(calls, newCall())
-			}
-			calls[len(calls)-1].Want = target - have
+		switch {
+		case h.moot(d.idx, mono):
+		case len(a.Adjust) < script.MaxAdjust:
+			a.Adjust = append(a.Adjust, script.Adjust{Idx: d.idx, Refund: d.refund, Use: d.use})
+		default:
+			kept = append(kept, d)
 		}
 	}
-	for _, a := range calls {
-		c.pending = append(c.pending, a)
-		ops = append(ops, op{c: c, args: a})
+	c.debts = kept
+	active := c.asked > 0 && mono-lastUse < gap // in use in this window, and not gone quiet
+	if active && !dead && !draining && h.brk.State() != breaker.Open {
+		blocked := mono < c.blockedUntil.Load()
+		switch {
+		case blocked:
+		case !quiet && (cur == nil || !cur.known):
+			// In use without quota of its own (its lease ran out, or it
+			// lives on credit): lease in the background.
+			a.Want = max(h.need(c, mono, end), h.floor())
+		case !quiet && cur.avail.Load() < int64(c.rate*float64(2*h.tickGap.Load())/float64(h.periodNS))+1:
+			// about to run dry
+			a.Want = max(h.need(c, mono, end)-cur.avail.Load(), h.floor())
+		}
+		if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
+			a.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
+			a.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
+		}
+	}
+	if !dead {
+		h.scheduleLocked(c, mono, end, lastUse, gap)
+	}
+	if len(a.Adjust) > 0 || a.Want > 0 || a.WantNext > 0 {
+		c.call = &sent{args: a}
+		ops = h.launch(ops, c, a)
 	}
 	return ops
 }
 
-// send runs ops in one pipeline (go-redis splits it per Cluster node) and
-// applies the replies. Scripts missing after a Redis restart are loaded and
-// the pipeline sent again: the calls that did run replay their replies.
-func (h *Limiter) send(ctx context.Context, ops []op) error {
-	before := h.mono()
-	err := h.exec(ctx, ops)
-	if isNoScript(err) || anyNoScript(ops) {
-		if lerr := global.LeaseScript.Load(ctx, h.client).Err(); lerr == nil {
-			before = h.mono()
-			err = h.exec(ctx, ops)
+// launch appends c's call a to ops, with a flight for decisions of the key
+// to wait on. Caller holds c.mu.
+func (h *Limiter) launch(ops []op, c *counter, a script.LeaseArgs) []op {
+	f := &flight{done: make(chan struct{})}
+	c.flight = f
+	return append(ops, op{c: c, args: a, f: f})
+}
+
+// scheduleLocked arranges the next visit of a counter nothing may mark in
+// the meantime (its key quiet): to lease the next window within its lead,
+// to give back quota leased ahead if the key stays quiet, to give a
+// SlidingWindow lease back when its window ends, to drop the key once idle
+// for a period. Counters that owe something or wait for a reply are
+// visited at the next tick anyway (the syncer offers them again). Caller
+// holds c.mu.
+func (h *Limiter) scheduleLocked(c *counter, mono, end, lastUse, gap int64) {
+	at := lastUse + h.periodNS // idle
+	if cur := c.cur.Load(); cur != nil {
+		if c.next == nil && c.asked > 0 {
+			at = min(at, end-c.lead)
+		}
+		if cur.pre {
+			at = min(at, max(lastUse, cur.start)+gap)
+		}
+		if h.cfg.algorithm == ratelimit.SlidingWindow {
+			at = min(at, cur.end)
 		}
 	}
-	after := h.mono()
+	if c.next != nil {
+		at = min(at, lastUse+gap, c.next.start)
+	}
+	h.visitAt(c, max(at, mono+1))
+}
+
+// send runs ops in one pipeline (go-redis splits it per Cluster node) and
+// applies the replies. Calls that met NOSCRIPT (Redis lost its scripts: a
+// restart, SCRIPT FLUSH) did not run: the script is loaded and they are sent
+// again, at once. The pipeline gets until ctx's deadline, whatever the
+// client's own timeouts: past it, every call of the pipeline is in doubt
+// and its replies, should they come, are ignored.
+func (h *Limiter) send(ctx context.Context, ops []op) error {
+	var before, after int64
+	var err error
+	var cmds []*redis.Cmd // written by the call's goroutine: read only once it finished
+	finished := h.bounded(ctx, func(ctx context.Context) {
+		before = h.mono()
+		cmds, err = h.exec(ctx, ops)
+		if script.IsNoScript(err) || anyNoScript(cmds) {
+			if lerr := script.Lease.Load(ctx, h.client).Err(); lerr == nil {
+				var again []op
+				var at []int
+				for i, cmd := range cmds {
+					if script.IsNoScript(cmd.Err()) {
+						again, at = append(again, ops[i]), append(at, i)
+					}
+				}
+				if len(again) > 0 {
+					before = h.mono()
+					var redo []*redis.Cmd
+					redo, err = h.exec(ctx, again)
+					for j, i := range at {
+						cmds[i] = redo[j]
+					}
+				}
+			}
+		}
+		after = h.mono()
+	})
+	if !finished {
+		// No reply at all within a call's deadline: Redis is away, not
+		// slow. The breaker opens now.
+		err := fmt.Errorf("hybrid: no reply from Redis in time: %w", context.DeadlineExceeded)
+		for _, o := range ops {
+			h.unanswered(o, err, false)
+		}
+		h.brk.Trip()
+		h.failed(err)
+		return err
+	}
 	var first error
-	for _, o := range ops {
-		v, cerr := o.cmd.Result()
+	fresh := false // a call was applied anew: Redis writes, not only answers
+	for i, o := range ops {
+		v, cerr := cmds[i].Result()
 		if cerr == nil {
-			var res global.Lease
-			if res, cerr = global.ParseLease(v); cerr == nil {
-				h.applied(o, res, before, after)
+			var r script.Reply
+			if r, cerr = script.ParseLease(v); cerr == nil {
+				fresh = fresh || !o.args.Resent
+				h.applied(o.c, o.args, r, before, after)
+				h.landed(o, nil)
 				continue
 			}
 		}
+		h.unanswered(o, cerr, notApplied(cerr))
 		if first == nil {
 			first = cerr
 		}
@@ -203,71 +333,165 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 		first = err
 	}
 	if first != nil {
-		h.st.flushErrors.Add(1)
-		h.brk.Failure()
-		h.emit(Event{Kind: EventFlushError, Err: first})
+		h.failed(first)
 		return first
 	}
-	h.brk.Success()
+	if fresh {
+		// (A pipeline of resent calls only tells nothing: a Redis out of
+		// memory answers them, and refuses every write.)
+		h.brk.Success()
+	}
 	return nil
 }
 
-func (h *Limiter) exec(ctx context.Context, ops []op) error {
+// unanswered hands a call whose reply was not seen to the syncer, which
+// sends it again (as new when it certainly did not run).
+func (h *Limiter) unanswered(o op, err error, notRun bool) {
+	o.c.mu.Lock()
+	if o.c.call != nil && o.c.call.args.Seq == o.args.Seq {
+		o.c.call.notApplied = notRun
+	}
+	o.c.mu.Unlock()
+	h.mark(o.c)
+	h.landed(o, err)
+}
+
+// failed records a failed exchange with Redis.
+func (h *Limiter) failed(err error) {
+	h.st.flushErrors.Add(1)
+	h.brk.Failure()
+	h.emit(Event{Kind: EventFlushError, Err: err})
+}
+
+// callErr is bounded for one call: it returns fn's error, or ctx's when fn
+// did not return in time.
+func (h *Limiter) callErr(ctx context.Context, fn func(ctx context.Context) error) error {
+	res := make(chan error, 1)
+	h.calls.Add(1)
+	go func() {
+		defer h.calls.Done()
+		res <- fn(ctx)
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// bounded runs fn on a goroutine the Limiter tracks and waits for it until
+// ctx is done, whatever the Redis client's own timeouts: a call the client
+// does not give up on by itself (one without ContextTimeoutEnabled waits its
+// ReadTimeout) is abandoned there, and ends on its own later. It reports
+// whether fn returned in time; only then may the caller read what fn
+// wrote.
+func (h *Limiter) bounded(ctx context.Context, fn func(ctx context.Context)) bool {
+	done := make(chan struct{})
+	h.calls.Add(1)
+	go func() {
+		defer h.calls.Done()
+		fn(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// landed tells the decisions waiting for o, if any, that it is over.
+func (h *Limiter) landed(o op, err error) {
+	if o.f == nil {
+		return
+	}
+	o.c.mu.Lock()
+	if o.c.flight == o.f {
+		o.c.flight = nil
+	}
+	o.c.mu.Unlock()
+	o.f.err = err
+	close(o.f.done)
+}
+
+func (h *Limiter) exec(ctx context.Context, ops []op) ([]*redis.Cmd, error) {
 	pipe := h.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(ops))
 	for i := range ops {
-		ops[i].cmd = global.LeaseScript.EvalSha(ctx, pipe, ops[i].args.Keys(), ops[i].args.Args()...)
+		cmds[i] = script.Lease.EvalSha(ctx, pipe, ops[i].args.Keys(), ops[i].args.Args()...)
 	}
 	_, err := pipe.Exec(ctx)
 	h.st.roundTrips.Add(1)
-	return err
+	return cmds, err
 }
 
-func isNoScript(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
-}
-
-func anyNoScript(ops []op) bool {
-	for _, o := range ops {
-		if isNoScript(o.cmd.Err()) {
+func anyNoScript(cmds []*redis.Cmd) bool {
+	for _, cmd := range cmds {
+		if script.IsNoScript(cmd.Err()) {
 			return true
 		}
 	}
 	return false
 }
 
-// applied handles the reply of a syncer call: the call is no longer pending,
-// its refund and credit are in Redis, its grant (if any) tops up the lease.
-func (h *Limiter) applied(o op, res global.Lease, before, after int64) {
-	c := o.c
-	c.mu.Lock()
-	for i, p := range c.pending {
-		if p.Seq == o.args.Seq {
-			c.pending = append(c.pending[:i], c.pending[i+1:]...)
-			break
+// notApplied reports whether a call that failed with err certainly did not
+// run on Redis: the script was missing, or no connection could be made.
+// Any other failure leaves the call in doubt.
+func notApplied(err error) bool {
+	if script.IsNoScript(err) {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}
+
+// visitAt schedules a visit of c by the syncer at the first tick at or after
+// mono, unless one is scheduled sooner. Caller holds c.mu.
+func (h *Limiter) visitAt(c *counter, mono int64) {
+	iv := int64(h.cfg.syncInterval)
+	t := mono/iv + 1
+	if c.visit > h.mono()/iv && c.visit <= t {
+		return // one is due sooner
+	}
+	c.visit = t
+	h.wheelMu.Lock()
+	if h.wheel == nil {
+		h.wheel = make(map[int64][]*counter)
+	}
+	h.wheel[t] = append(h.wheel[t], c)
+	h.wheelMu.Unlock()
+}
+
+// visitDue marks the counters whose visit is due. It runs at the start of
+// every tick, on the syncer goroutine.
+func (h *Limiter) visitDue() {
+	now := h.mono() / int64(h.cfg.syncInterval)
+	h.wheelMu.Lock()
+	var due [][]*counter
+	for t := h.wheelAt + 1; t <= now; t++ {
+		if cs, ok := h.wheel[t]; ok {
+			due = append(due, cs)
+			delete(h.wheel, t)
 		}
 	}
-	c.mu.Unlock()
-	h.st.refunded.Add(uint64(o.args.Refund))
-	h.st.reported.Add(uint64(o.args.Use))
-	if res.Superseded {
-		return // not this call's reply: its grant, if any, stays unused in Redis
-	}
-	if !res.Replayed {
-		h.observeTime(res.Now, before, after)
-	}
-	if o.args.Want > 0 {
-		if res.Replayed {
-			// The reply is as old as the call: its window may be over. The
-			// grant is usable only if the window is still the current one.
-			res.Reset -= h.startUS + before/1000 + h.offsetUS.Load() - res.Now
-			if res.Reset <= 0 {
-				c.mu.Lock()
-				c.owe(res.Idx, res.Grant, 0)
-				c.mu.Unlock()
+	h.wheelAt = max(h.wheelAt, now)
+	h.wheelMu.Unlock()
+	for _, cs := range due {
+		for _, c := range cs {
+			c.mu.Lock()
+			ok := c.visit != 0 && c.visit <= now
+			if ok {
+				c.visit = 0
+			}
+			c.mu.Unlock()
+			if ok && !c.dead.Load() {
 				h.mark(c)
-				return
 			}
 		}
-		h.install(c, res, before, after)
 	}
 }

@@ -3,9 +3,11 @@ package hybrid
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"fmt"
+	"hash/fnv"
 	"math"
+	mrand "math/rand/v2"
 	gosync "sync"
 	"sync/atomic"
 	"time"
@@ -13,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/hybridlimit/ratelimit/local"
 	bgsync "github.com/hybridlimit/ratelimit/sync"
 )
@@ -25,46 +27,56 @@ import (
 //
 // A Limiter is safe for concurrent use. Make one per process and Limit with
 // New (the zero value is not usable), share it between goroutines, and Close
-// it to give its unused quota back and stop its goroutines. Its default
-// algorithm is FixedWindow; a global.Limiter defaults to SlidingWindow, so
-// name the algorithm when a fleet mixes the two on one quota.
+// it to give its unused quota back and stop its goroutines.
 type Limiter struct {
-	client   redis.UniversalClient
-	limit    ratelimit.Limit
-	cfg      config
-	periodUS int64
-	periodNS int64
-	useGrain int64     // resolution of counter.lastUse, ns
-	start    time.Time // monotonic base of every deadline
-	startUS  int64     // wall clock at start, microseconds since the epoch
-	id       string
+	client    redis.UniversalClient
+	limit     ratelimit.Limit
+	rate      int64
+	cfg       config
+	kind      string // Redis counter kind
+	periodNS  int64
+	periodUS  int64
+	useGrain  int64     // resolution of counter.lastUse, ns
+	start     time.Time // monotonic base of every instant
+	id        string
+	clk       *serverClock
+	probeBase string // the Redis key base the breaker's probes name
 
 	table  *local.Table[*counter]
 	index  gosync.Map // key -> *counter: the lock-free read path in front of table
 	syncer *bgsync.Syncer[*counter]
 	brk    *breaker.Breaker
 
-	offsetUS      atomic.Int64 // Redis time minus local wall time, microseconds
-	offsetErr     atomic.Int64 // bound of offsetUS's error, ns
-	offsetMu      gosync.Mutex // guards offsetRTT and offsetAt
-	offsetRTT     int64        // round trip of the sample offsetUS came from, ns
-	offsetAt      int64        // monotonic ns of that sample
+	sq struct { // decisions' lease calls waiting to be sent (enqueue)
+		gosync.Mutex
+		ops     []op
+		running int
+	}
+
+	wheelMu gosync.Mutex         // guards wheel and wheelAt
+	wheel   map[int64][]*counter // sync tick -> counters to visit then
+	wheelAt int64                // the last tick whose visits are done
+
+	lastTick      int64        // mono of the last tick; owned by the syncer goroutine
+	tickGap       atomic.Int64 // smoothed time between ticks, ns
 	liveInstances atomic.Int64
-	nextBeat      int64        // monotonic ns; owned by the syncer goroutine
-	seq           atomic.Int64 // sequence of the syncer's calls, for replay protection
-	draining      atomic.Int32 // Flush or Close in progress: give back, do not top up
+	nextBeat      int64        // mono; owned by the syncer goroutine
+	seq           atomic.Int64 // sequence of lease calls, for replay protection
+	draining      atomic.Int32 // Flush or Close in progress: give back, do not lease
 
 	closed    atomic.Bool
 	closeOnce gosync.Once
 	closeErr  error
-	inflight  gosync.WaitGroup // slow-path calls, so Close can wait for them
+	gate      gosync.RWMutex   // slow-path decisions hold it shared while they join inflight; Close takes it
+	inflight  gosync.WaitGroup // slow-path decisions and the senders of their calls, so Close can wait for them
+	calls     gosync.WaitGroup // goroutines of Redis calls (see bounded)
 
 	st stats
 }
 
 type stats struct {
 	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
-	flushErrors, fallback                                               atomic.Uint64
+	flushErrors, fallback, noReply, leasedAhead                         atomic.Uint64
 	retiredAllowed, retiredDenied, retiredWaited                        atomic.Uint64
 }
 
@@ -74,7 +86,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // that shares client's Redis (standalone, Sentinel or Cluster) and prefix.
 // It starts the background syncer; Close stops it.
 func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
-	if client == nil {
+	if script.IsNilClient(client) {
 		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
 	}
 	if err := limit.Validate(); err != nil {
@@ -90,25 +102,29 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		}
 	}
 	if cfg.instanceID == "" {
-		var b [8]byte
+		var b [9]byte
 		if _, err := rand.Read(b[:]); err != nil {
 			return nil, err
 		}
-		cfg.instanceID = hex.EncodeToString(b[:])
+		cfg.instanceID = base64.RawURLEncoding.EncodeToString(b[:])
 	}
 	now := time.Now()
 	h := &Limiter{
 		client:   client,
 		limit:    limit,
+		rate:     int64(limit.Rate),
 		cfg:      cfg,
-		periodUS: int64(limit.Period / time.Microsecond),
+		kind:     script.CounterKind(cfg.algorithm),
 		periodNS: int64(limit.Period),
+		periodUS: int64(limit.Period / time.Microsecond),
 		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),
 		start:    now,
-		startUS:  now.UnixMicro(),
 		id:       cfg.instanceID,
+		clk:      newServerClock(now.UnixMicro(), limit.Period, offsetMaxAge),
 	}
+	h.probeBase, _ = script.KeyBase(cfg.prefix, "probe:"+cfg.instanceID)
 	h.liveInstances.Store(1)
+	h.tickGap.Store(int64(cfg.syncInterval))
 	h.brk = breaker.New(breaker.Config{FailureThreshold: cfg.breakerFailures, OpenTimeout: cfg.breakerOpenFor})
 	h.brk.OnStateChange(func(from, to breaker.State) {
 		switch to {
@@ -123,7 +139,8 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
 	s, err := bgsync.New[*counter](h.flush,
 		bgsync.WithInterval(cfg.syncInterval),
-		bgsync.WithTimeout(cfg.timeout),
+		bgsync.WithTimeout(h.callTimeout()),
+		bgsync.WithBatchSize(syncBatch),
 		bgsync.WithBackoff(cfg.syncInterval, max(5*time.Second, cfg.syncInterval)),
 		bgsync.WithOnTick(h.tick),
 	)
@@ -139,8 +156,18 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	return h, nil
 }
 
+// callTimeout is the deadline of one Redis call. It is longer than the
+// timeout a decision waits: a reply that comes late is still installed
+// (and tells the breaker Redis answers), rather than lost and sent again.
+func (h *Limiter) callTimeout() time.Duration {
+	return max(minCallTimeout, 4*h.cfg.timeout)
+}
+
 // Limit returns the limit the Limiter enforces.
 func (h *Limiter) Limit() ratelimit.Limit { return h.limit }
+
+// Algorithm returns the window algorithm the Limiter counts with.
+func (h *Limiter) Algorithm() ratelimit.Algorithm { return h.cfg.algorithm }
 
 // Allow is shorthand for AllowN(ctx, key, 1).
 func (h *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, error) {
@@ -152,8 +179,11 @@ func (h *Limiter) mono() int64 { return int64(time.Since(h.start)) }
 // AllowN reports whether n events for key may happen now and consumes them
 // if so. With quota leased for key it decides in memory, without waiting on
 // Redis; otherwise it leases (one Redis call shared by every concurrent
-// caller of key) and waits at most the configured timeout. When Redis
-// cannot answer, the ratelimit.FailureMode decides, with a nil error.
+// caller of key) and waits at most the configured timeout. A reply slower
+// than that is not taken for an outage: in Strict mode the decision is
+// denied (RetryAfter set), in Optimistic mode admitted on credit within
+// what Redis last reported free. Once the circuit breaker has opened, the
+// ratelimit.FailureMode decides, with a nil error.
 //
 // It returns an error wrapping ratelimit.ErrInvalidKey for an empty key,
 // ratelimit.ErrInvalidN for n <= 0 or n > Rate, ratelimit.ErrClosed after
@@ -189,8 +219,8 @@ func (h *Limiter) lookup(key string) *counter {
 		return c
 	}
 	c, created := h.table.GetOrCreate(key, func() *counter {
-		base, _ := global.KeyBase(h.cfg.prefix, key) // key is not empty
-		return &counter{key: key, base: base}
+		base, _ := script.KeyBase(h.cfg.prefix, key) // key is not empty
+		return &counter{key: key, base: base, lead: h.leadOf(base)}
 	})
 	if created || !c.dead.Load() {
 		h.index.Store(key, c)
@@ -202,10 +232,10 @@ func (h *Limiter) lookup(key string) *counter {
 func (h *Limiter) forget(c *counter) { h.index.CompareAndDelete(c.key, c) }
 
 // fast decides from the lease in hand, or denies a key known to be
-// exhausted. ok is false when Redis must be asked.
+// exhausted. ok is false when the lease cannot decide.
 func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
-	l := c.lease.Load()
-	if l != nil && mono < l.deadline {
+	l := c.cur.Load()
+	if l != nil && mono < l.end {
 		for {
 			a := l.avail.Load()
 			if a < n {
@@ -214,15 +244,15 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 			if l.avail.CompareAndSwap(a, a-n) {
 				h.admitted(c, l, n, mono)
 				return ratelimit.Decision{Allowed: true, Limit: h.limit,
-					Remaining:  int(a - n + max(0, l.free.Load())),
+					Remaining:  int(min(a-n+max(0, l.free.Load()), h.rate)),
 					ResetAfter: time.Duration(l.end - mono)}, true
 			}
 		}
 	}
 	if until := c.blockedUntil.Load(); mono < until {
-		c.denied.Add(1)
+		h.deniedOn(c, n)
 		d := ratelimit.Decision{Limit: h.limit, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
-		if l != nil && mono < l.deadline {
+		if l != nil && mono < l.end {
 			d.Remaining = int(max(0, l.avail.Load()))
 			d.ResetAfter = time.Duration(l.end - mono)
 		}
@@ -238,6 +268,17 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 // the syncer once per tick.
 func (h *Limiter) admitted(c *counter, l *lease, n, mono int64) {
 	l.tick.Add(1<<32 | uint64(n))
+	h.used(c, mono)
+}
+
+// deniedOn records a denied decision of n units (one atomic add): it
+// counts as demand.
+func (h *Limiter) deniedOn(c *counter, n int64) {
+	c.missed.Add(1<<32 | uint64(n))
+	h.used(c, h.mono())
+}
+
+func (h *Limiter) used(c *counter, mono int64) {
 	if mono-c.lastUse.Load() > h.useGrain {
 		c.lastUse.Store(mono)
 	}
@@ -251,23 +292,39 @@ func (h *Limiter) mark(c *counter) {
 	h.syncer.Mark(c)
 }
 
-// slow handles a decision the lease in hand cannot: credit in optimistic
-// mode, a synchronous lease otherwise, the failure mode when Redis fails.
+// slow handles a decision the lease in hand cannot: the next window's
+// lease when its window has begun, credit in optimistic mode, a
+// synchronous lease otherwise, the failure mode when Redis fails.
 func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ratelimit.Decision, error) {
+	// The gate orders this decision before Close or after it: Close waits
+	// for the decisions it let in, and none starts after (its WaitGroup
+	// must not grow while Close waits).
+	h.gate.RLock()
+	if h.closed.Load() {
+		h.gate.RUnlock()
+		return ratelimit.Decision{}, ratelimit.ErrClosed
+	}
 	h.inflight.Add(1)
+	h.gate.RUnlock()
 	defer h.inflight.Done()
 	// One deadline for the whole decision, however many lease calls it
 	// takes: a decision never waits on Redis longer than the timeout.
-	timer := time.NewTimer(h.cfg.timeout)
-	defer timer.Stop()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		if c.dead.Load() {
 			c = h.lookup(key)
 		}
 		mono := h.mono()
-		if attempt > 0 {
+		if h.roll(c, mono) || attempt > 0 {
 			if d, ok := h.fast(c, n, mono); ok {
-				c.waited.Add(1)
+				if attempt > 0 {
+					c.waited.Add(1)
+				}
 				return d, nil
 			}
 		}
@@ -284,7 +341,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 			// got to it, again and again, while Redis kept granting: deny
 			// rather than spin. (Exhaustion ends the loop sooner: Redis
 			// answers with no grant and fast denies until the reset.)
-			c.denied.Add(1)
+			h.deniedOn(c, n)
 			c.waited.Add(1)
 			return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
 		}
@@ -295,96 +352,244 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 			}
 			return d, nil
 		}
+		if timer == nil {
+			timer = time.NewTimer(h.cfg.timeout)
+		}
+
 		if err := h.leaseWait(ctx, c, n, timer.C); err != nil {
 			if ctx.Err() != nil {
 				return ratelimit.Decision{}, ctx.Err()
 			}
 			c.waited.Add(1)
+			if h.brk.State() == breaker.Closed {
+				return h.slowReply(c, n, h.mono()), nil
+			}
 			return h.fallback(c, n, h.mono()), nil
 		}
 	}
 }
 
+// roll makes the lease leased ahead for the next window the one decisions
+// take from, once that window has begun. It reports whether it did.
+func (h *Limiter) roll(c *counter, mono int64) bool {
+	if c.cur.Load() != nil && mono < c.cur.Load().end {
+		return false
+	}
+	c.mu.Lock()
+	ok := h.rollLocked(c, mono)
+	c.mu.Unlock()
+	return ok
+}
+
+// rollLocked: see roll. The next window begins at the current lease's end;
+// without a current lease, at the next lease's start less the estimate's
+// error (the two come from different replies). Caller holds c.mu.
+func (h *Limiter) rollLocked(c *counter, mono int64) bool {
+	nl := c.next
+	if nl == nil {
+		return false
+	}
+	cur := c.cur.Load()
+	switch {
+	case cur != nil && cur.idx < nl.idx && mono < cur.end:
+		return false // the current window still runs
+	case cur == nil && mono < nl.start-h.clk.errorBound():
+		return false
+	}
+	c.next = nil
+	if cur != nil && cur.idx >= nl.idx { // cannot serve: a lease of its window is in hand
+		c.retireLease(nl, h.moot(nl.idx, mono))
+		return false
+	}
+	if mono >= nl.end { // its window is over too
+		c.retireLease(nl, h.moot(nl.idx, mono))
+		return false
+	}
+	c.cur.Store(nl)
+	if cur != nil {
+		c.retireLease(cur, h.moot(cur.idx, mono))
+		c.nextIdx = max(c.nextIdx, cur.idx+1)
+		h.mark(c)
+	}
+	return true
+}
+
+// moot reports whether window idx no longer bounds any decision at mono: a
+// FixedWindow counter once its window ended, a SlidingWindow one a period
+// later. Refunds and credit for a moot window are dropped, not sent.
+func (h *Limiter) moot(idx, mono int64) bool {
+	last := idx + 1
+	if h.cfg.algorithm == ratelimit.SlidingWindow {
+		last = idx + 2
+	}
+	return mono >= h.clk.monoAt(last*h.periodUS)
+}
+
 // leaseWait leases for c, sharing one Redis call among concurrent callers of
-// the key (a per-key singleflight), and waits at most the configured timeout
-// for it whatever the Redis client's own timeouts are. The call itself runs
-// on a goroutine that Close waits for.
+// the key (a per-key singleflight), and waits at most until timeout fires
+// for it, whatever the Redis client's own timeouts are. The call goes out
+// with every other key's synchronous lease queued meanwhile, in one
+// pipeline (see enqueue), with a deadline of its own.
 func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-chan time.Time) error {
+	mono := h.mono()
 	c.mu.Lock()
 	f := c.flight
 	if f == nil {
+		args, ok := h.resend(c)
+		if !ok {
+			args = h.newCall(c)
+			_, end := h.windowOf(c, mono)
+			// The grant adds to the lease in hand: n less what it holds will do.
+			have := int64(0)
+			if l := c.cur.Load(); l != nil && l.known && mono < l.end {
+				have = max(0, l.avail.Load())
+			}
+			args.Want, args.Min = max(n, h.need(c, mono, end), h.floor()), max(1, n-have)
+			if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
+				// near the window's end: the next window's quota in the same call
+				args.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
+				args.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
+			}
+			c.call = &sent{args: args}
+		}
 		f = &flight{done: make(chan struct{})}
 		c.flight = f
-		h.inflight.Add(1) // the caller is counted too, so this never races Close's Wait
-		go func() {
-			defer h.inflight.Done()
-			f.err = h.leaseNow(c, n)
-			c.mu.Lock()
-			c.flight = nil
-			c.mu.Unlock()
-			close(f.done)
-		}()
+		c.mu.Unlock()
+		h.enqueue(op{c: c, args: args, f: f})
+	} else {
+		c.mu.Unlock()
 	}
-	c.mu.Unlock()
 	select {
 	case <-f.done:
 		return f.err
 	case <-timeout:
-		// The call may go on (a client without ContextTimeoutEnabled waits
-		// its ReadTimeout); the breaker must learn of the hang now.
-		h.brk.Failure()
 		return context.DeadlineExceeded
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// leaseNow runs one synchronous lease call for c and installs the reply.
-func (h *Limiter) leaseNow(c *counter, n int64) error {
-	// Synchronous leases have a replay stream of their own (one flight per
-	// key at a time, so Redis sees them in the order they were issued): a
-	// call whose reply is lost is handed to the syncer, which sends it again
-	// as it was and gets the grant back instead of leaking it.
-	args := global.LeaseArgs{
-		Base: c.base, Algorithm: h.cfg.algorithm, Limit: h.limit,
-		RefundIdx: -1, UseIdx: -1,
-		Want: max(n, h.target(c)), Min: n, Instances: h.instances(),
-		Instance: h.id + "/s", Seq: h.seq.Add(1),
+// resend returns c's outstanding call to send again, if it has one: as it
+// was if it certainly did not run, else marked resent (Redis replays it, or
+// applies only its credit). Caller holds c.mu, and c has no flight.
+func (h *Limiter) resend(c *counter) (script.LeaseArgs, bool) {
+	if c.call == nil {
+		return script.LeaseArgs{}, false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.timeout)
-	defer cancel()
-	before := h.mono()
-	v, err := global.LeaseScript.Run(ctx, h.client, args.Keys(), args.Args()...).Result()
-	after := h.mono()
-	h.st.roundTrips.Add(1)
-	h.st.syncRoundTrips.Add(1)
-	if err == nil {
-		var res global.Lease
-		if res, err = global.ParseLease(v); err == nil {
-			h.brk.Success()
-			if res.Superseded {
-				return nil
-			}
-			h.observeTime(res.Now, before, after)
-			h.install(c, res, before, after)
-			return nil
-		}
+	if c.call.notApplied {
+		c.call.notApplied = false
+	} else {
+		c.call.args.Resent = true
 	}
-	h.brk.Failure()
-	c.mu.Lock()
-	c.pending = append(c.pending, args)
-	c.mu.Unlock()
-	h.mark(c)
-	return err
+	return c.call.args, true
 }
 
-// target is the lease a counter should hold: twice what it admitted in a
-// sync interval lately, and at least a floor of Rate / (16 x instances) so a
-// key that went quiet does not turn its next decisions into round trips.
-// The lease script caps the grant at remainder / instances.
-func (h *Limiter) target(c *counter) int64 {
-	floor := max(1, int64(h.limit.Rate)/(16*h.instances()))
-	return max(floor, 2*int64(math.Ceil(c.rate.load())))
+// enqueue queues a decision's lease call. Up to maxSyncPipelines pipelines
+// are in flight at once; calls queued meanwhile go out together in the
+// next, so cold keys share round trips instead of queueing for
+// connections, and an idle limiter sends at once.
+func (h *Limiter) enqueue(o op) {
+	h.sq.Lock()
+	h.sq.ops = append(h.sq.ops, o)
+	start := h.sq.running < maxSyncPipelines
+	if start {
+		h.sq.running++
+		h.inflight.Add(1)
+	}
+	h.sq.Unlock()
+	if start {
+		go h.drain()
+	}
+}
+
+// drain sends queued decision calls until none is left.
+func (h *Limiter) drain() {
+	defer h.inflight.Done()
+	for {
+		h.sq.Lock()
+		ops := h.sq.ops
+		h.sq.ops = nil
+		if len(ops) == 0 {
+			h.sq.running--
+			h.sq.Unlock()
+			return
+		}
+		h.sq.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), h.callTimeout())
+		h.st.syncRoundTrips.Add(1)
+		h.send(ctx, ops)
+		cancel()
+	}
+}
+
+// newCall starts a lease call for c. Caller holds c.mu or owns c.
+func (h *Limiter) newCall(c *counter) script.LeaseArgs {
+	return script.LeaseArgs{
+		Base: c.base, Kind: h.kind, Limit: h.limit,
+		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
+	}
+}
+
+// windowOf returns the window c's decisions count in at mono and its end:
+// its lease's, or the estimate's. Caller holds c.mu.
+func (h *Limiter) windowOf(c *counter, mono int64) (idx, end int64) {
+	if l := c.cur.Load(); l != nil && l.known && mono < l.end {
+		return l.idx, l.end
+	}
+	return h.clk.window(mono)
+}
+
+// demand is c's demand in units per period: the most of what it asked in
+// the last whole window, what it asked so far in this one scaled to a
+// period, and its smoothed rate (which follows a burst within a tick or
+// two). Caller holds c.mu.
+func (h *Limiter) demand(c *counter, mono int64) float64 {
+	d := max(float64(c.prevAsked), c.rate)
+	if idx, end := h.windowOf(c, mono); idx == c.askedIdx {
+		if elapsed := mono - (end - h.periodNS); elapsed >= int64(h.cfg.syncInterval) {
+			d = max(d, float64(c.asked)*float64(h.periodNS)/float64(elapsed))
+		}
+	}
+	return d
+}
+
+// need is what c should hold to serve from mono until end at its demand,
+// with half again for headroom. Caller holds c.mu.
+func (h *Limiter) need(c *counter, mono, end int64) int64 {
+	return int64(math.Ceil(h.demand(c, mono) * float64(end-mono) / float64(h.periodNS) * 1.5))
+}
+
+// floor is the least a lease asks for: Rate / (16 x instances), at least 1,
+// so that a key without history, or one that went quiet, does not turn its
+// next decisions into round trips.
+func (h *Limiter) floor() int64 {
+	return max(1, h.rate/(16*h.instances()))
+}
+
+// leadOf is how long before its window's end a key leases the next window:
+// at least two sync intervals, so the call lands before the roll, and
+// spread by key over up to five more (within half the period), so that the
+// leases of keys whose windows all end together go out over several ticks.
+func (h *Limiter) leadOf(base string) int64 {
+	iv := int64(h.cfg.syncInterval)
+	spread := max(0, min(h.periodNS/2, 7*iv)-2*iv)
+	f := fnv.New32a()
+	f.Write([]byte(base))
+	return 2*iv + int64(f.Sum32())%(spread+1)
+}
+
+// idleGap is how long a key may stay quiet before it counts as idle: quota
+// it leased ahead goes back then, and it leases ahead no more. One sync
+// interval (as the syncer keeps it: longer when its passes take long) for
+// a key used several times per interval; for a sparser key, four times its
+// mean time between requests (a key used at random at that rate is quiet
+// that long about once in 50 gaps), at most a period. Caller holds c.mu.
+func (h *Limiter) idleGap(c *counter, mono int64) int64 {
+	gap := max(int64(h.cfg.syncInterval), h.tickGap.Load())
+	if d := h.demand(c, mono); d > 0 {
+		return max(gap, min(h.periodNS, int64(4*float64(h.periodNS)/d)))
+	}
+	return max(gap, h.periodNS)
 }
 
 func (h *Limiter) instances() int64 {
@@ -397,109 +602,122 @@ func (h *Limiter) instances() int64 {
 // optimisticShare is what an instance may admit per window on credit in
 // optimistic mode: Rate / (8 x instances), at least 1.
 func (h *Limiter) optimisticShare() int64 {
-	return max(1, int64(h.limit.Rate)/(DefaultOptimisticShare*h.instances()))
+	return max(1, h.rate/(optimisticShareDivisor*h.instances()))
 }
 
-// fallbackShare is this instance's share of the limit while Redis is
-// unreachable: Rate / instances, at least 1.
-func (h *Limiter) fallbackShare() int64 {
-	return max(1, int64(h.limit.Rate)/h.instances())
-}
-
-// observeTime keeps the offset between Redis time and the local wall clock,
-// NTP style: from the reply with the shortest round trip, since the error
-// of a sample is at most half its round trip. A sample older than
-// offsetMaxAge gives way to any newer one, so a drifting clock is followed.
-func (h *Limiter) observeTime(serverUS, before, after int64) {
-	rtt := after - before
-	localUS := h.startUS + (before+after)/2/1000
-	h.offsetMu.Lock()
-	if h.offsetAt == 0 || rtt <= h.offsetRTT || after-h.offsetAt > int64(offsetMaxAge) {
-		h.offsetRTT, h.offsetAt = rtt, after
-		h.offsetUS.Store(serverUS - localUS)
-		h.offsetErr.Store(rtt/2 + int64(time.Microsecond)) // + Redis TIME's resolution
-	}
-	h.offsetMu.Unlock()
-}
-
-// deadline is when a lease granted by res stops being used: the end of its
-// window by the best estimate of Redis time, less that estimate's error, so
-// never after the window's end in Redis. Redis computed res.Reset somewhere
-// between before and after, so the end lies in [before+Reset, after+Reset]:
-// a reply that waited long (a loaded host) does not cut its lease short.
-func (h *Limiter) deadline(res global.Lease, before, after int64) int64 {
-	lo, hi := before+res.Reset*1000, after+res.Reset*1000
-	est := h.monoAt((res.Idx+1)*h.periodUS) - h.offsetErr.Load()
-	return min(max(est, lo), hi)
-}
-
-// monoAt maps a Redis time (microseconds since the epoch) to this
-// limiter's monotonic clock, through the offset.
-func (h *Limiter) monoAt(serverUS int64) int64 {
-	return (serverUS - h.offsetUS.Load() - h.startUS) * 1000
-}
-
-// window estimates the current window from the local clock and the last
-// known offset to Redis time: its index and its end, in monotonic ns.
-func (h *Limiter) window(mono int64) (idx, deadline int64) {
-	now := h.startUS + mono/1000 + h.offsetUS.Load()
-	idx = now / h.periodUS
-	end := (idx + 1) * h.periodUS
-	return idx, mono + (end-now)*1000
-}
-
-// install applies a lease reply to c; the call was sent at before and its
-// reply read at after (monotonic ns).
-func (h *Limiter) install(c *counter, res global.Lease, before, after int64) {
+// applied handles the reply of a lease call: the call is no longer
+// pending; its refunds and credit are in Redis; its grants are installed.
+func (h *Limiter) applied(c *counter, args script.LeaseArgs, r script.Reply, before, after int64) {
+	h.clk.observe(r.Now, before, after)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.lease.Load()
-	if res.Grant == 0 {
-		if res.Retry > 0 {
-			c.blockedUntil.Store(before + res.Retry*1000)
-		}
-		if l != nil && l.idx == res.Idx {
-			l.free.Store(int64(h.limit.Rate) - res.Count)
-		}
+	if c.call == nil || c.call.args.Seq != args.Seq {
+		// A second reply to a call sent more than once (resent while the
+		// first attempt was still on its way): the first one was installed.
 		return
 	}
-	h.st.leases.Add(1)
-	h.st.leasedUnits.Add(uint64(res.Grant))
-	c.blockedUntil.Store(0)
-	switch {
-	case c.dead.Load() || h.draining.Load() > 0:
-		c.owe(res.Idx, res.Grant, 0)
-		h.mark(c)
-	case l != nil && l.idx == res.Idx && l.known && before < l.deadline:
-		l.avail.Add(res.Grant)
-		l.free.Store(int64(h.limit.Rate) - res.Count)
-	case l == nil || res.Idx >= l.idx:
-		// A new window, or the same one with a better deadline (the lease in
-		// hand was estimated, or its conservative deadline passed while Redis
-		// is still in the window): what l holds moves over or is owed.
-		nl := c.newLease(res.Idx, h.deadline(res, before, after), true)
-		nl.end = max(nl.deadline, h.monoAt((res.Idx+1)*h.periodUS))
-		nl.free.Store(int64(h.limit.Rate) - res.Count)
-		nl.avail.Store(res.Grant)
-		carried := nl.borrowed.Load()
-		// Publish first, then retire l: a caller holding l fails its CAS and
-		// finds nl at once.
-		c.lease.Store(nl)
+	c.call = nil
+	for _, a := range args.Adjust {
+		if !r.Unknown {
+			h.st.refunded.Add(uint64(a.Refund))
+		}
+		h.st.reported.Add(uint64(a.Use))
+	}
+	if r.Unknown {
+		return // nothing was granted
+	}
+	h.install(c, args, r, before, after)
+}
+
+// install puts the grants of reply r into c's leases. Caller holds c.mu.
+func (h *Limiter) install(c *counter, args script.LeaseArgs, r script.Reply, before, after int64) {
+	end := h.clk.end(r.Idx, r.Reset, before, after) // window r.Idx's end
+	h.rollLocked(c, after)
+	if args.Want > 0 || r.Grant > 0 {
+		c.setFree(c.cur.Load(), r.Idx, h.rate-r.Count)
 		switch {
-		case l == nil:
-		case l.idx == res.Idx:
-			// The same window: l's quota, credit and budget move over. l
-			// started from the same carried budget as nl.
-			nl.borrowed.Add(max(0, l.closeBorrowing()-carried))
-			nl.credit.Add(l.credit.Swap(0))
-			nl.avail.Add(l.avail.Swap(0))
-			c.old = append(c.old, l) // late counts and credit on it are folded at the next tick
-		default:
-			c.drop(l)
+		case r.Grant > 0:
+			h.place(c, r.Idx, r.Grant, end-h.periodNS, end, after)
+		case r.Retry > 0 && r.Reset > 0:
+			c.blockedUntil.Store(before + r.Retry*1000)
+		}
+	}
+	if args.WantNext > 0 || r.GrantNext > 0 {
+		l := c.next
+		if l == nil || l.idx != r.Idx+1 {
+			l = c.cur.Load()
+		}
+		c.setFree(l, r.Idx+1, h.rate-r.CountNext)
+		if r.GrantNext > 0 {
+			h.st.leasedAhead.Add(1)
+			h.place(c, r.Idx+1, r.GrantNext, end, end+h.periodNS, after)
+		}
+	}
+}
+
+// place puts g units granted from window idx (from start to end, mono)
+// into c's leases, at mono: into the lease of that window in hand, a new
+// current lease, or a lease for the next window; what has no place is owed
+// back. Caller holds c.mu.
+func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
+	h.st.leases.Add(1)
+	h.st.leasedUnits.Add(uint64(g))
+	cur := c.cur.Load()
+	switch {
+	case c.dead.Load() || h.draining.Load() > 0 || mono >= end:
+		c.owe(idx, g, 0)
+		h.mark(c)
+	case cur != nil && cur.idx == idx && cur.known:
+		cur.avail.Add(g)
+		c.blockedUntil.Store(0)
+	case cur != nil && cur.idx == idx:
+		// The lease in hand was estimated to hold credit: a known lease of
+		// the same window replaces it, and its quota, credit and budget
+		// move over. Publish first, then retire: a caller holding the old
+		// one fails its CAS and finds the new one.
+		nl := c.newLease(idx, start, end, true)
+		nl.avail.Store(g)
+		carried := nl.borrowed.Load()
+		c.cur.Store(nl)
+		nl.borrowed.Add(max(0, cur.closeBorrowing()-carried))
+		nl.credit.Add(cur.credit.Swap(0))
+		nl.avail.Add(cur.avail.Swap(0))
+		c.old = append(c.old, cur)
+		c.blockedUntil.Store(0)
+	case mono >= start-h.clk.errorBound() && (cur == nil || cur.idx < idx):
+		// The window has begun: a new current lease, which takes over the
+		// quota leased ahead for it, if any (given back, it would come too
+		// late for callers already told the window is spent).
+		nl := c.newLease(idx, start, end, true)
+		nl.avail.Store(g)
+		if n := c.next; n != nil && n.idx == idx {
+			c.next = nil
+			nl = n
+			nl.avail.Add(g)
+			nl.pre = false
+		}
+		c.cur.Store(nl)
+		if cur != nil {
+			c.retireLease(cur, h.moot(cur.idx, mono))
+			c.nextIdx = max(c.nextIdx, cur.idx+1)
 			h.mark(c)
 		}
-	default: // a reply about a window older than the lease in hand
-		c.owe(res.Idx, res.Grant, 0)
+		if c.next != nil && c.next.idx <= idx {
+			c.retireLease(c.next, h.moot(c.next.idx, mono))
+			c.next = nil
+			h.mark(c)
+		}
+		c.blockedUntil.Store(0)
+	case c.next != nil && c.next.idx == idx:
+		c.next.avail.Add(g)
+	case c.next == nil && (cur == nil || cur.idx < idx):
+		nl := c.newLease(idx, start, end, true)
+		nl.avail.Store(g)
+		nl.pre = true
+		c.next = nl
+		h.mark(c) // the syncer watches it: given back if the key goes quiet
+	default: // an older window than the one in hand
+		c.owe(idx, g, 0)
 		h.mark(c)
 	}
 }
@@ -522,10 +740,10 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 			h.admitted(c, l, n, mono)
 			rem := share - b - n
 			if share == math.MaxInt64 {
-				rem = int64(h.limit.Rate)
+				rem = h.rate
 			}
-			return ratelimit.Decision{Allowed: true, Limit: h.limit, Remaining: int(min(rem, int64(h.limit.Rate))),
-				ResetAfter: time.Duration(l.end - mono)}, true
+			return ratelimit.Decision{Allowed: true, Limit: h.limit, Remaining: int(min(rem, h.rate)),
+				ResetAfter: time.Duration(max(l.end-mono, 0))}, true
 		}
 	}
 }
@@ -533,43 +751,74 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 // currentLease returns c's lease for the current window, installing an
 // empty one on the estimated window when c has none.
 func (h *Limiter) currentLease(c *counter, mono int64) *lease {
-	if l := c.lease.Load(); l != nil && mono < l.deadline {
+	if l := c.cur.Load(); l != nil && mono < l.end {
 		return l
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.lease.Load()
-	if l != nil && mono < l.deadline {
+	h.rollLocked(c, mono)
+	l := c.cur.Load()
+	if l != nil && mono < l.end {
 		return l
 	}
 	if l != nil {
-		c.lease.Store(nil)
-		c.drop(l)
-		if mono >= l.deadline { // its window is over: never estimate back into it
-			c.nextIdx = max(c.nextIdx, l.idx+1)
-		}
+		c.cur.Store(nil)
+		c.retireLease(l, h.moot(l.idx, mono))
+		c.nextIdx = max(c.nextIdx, l.idx+1) // its window is over: never estimate back into it
 	}
-	idx, deadline := h.window(mono)
+	idx, end := h.clk.window(mono)
 	if idx < c.nextIdx {
 		// The offset to Redis time jitters by a round trip; an estimate must
 		// never step back into a window this counter already left, or that
 		// window would get a second credit budget.
-		deadline += (c.nextIdx - idx) * h.periodNS
+		end += (c.nextIdx - idx) * h.periodNS
 		idx = c.nextIdx
 	}
-	nl := c.newLease(idx, deadline, false)
-	nl.end = deadline
-	if c.dead.Load() {
-		// Dead counters hold no lease: whatever is borrowed on nl is
-		// reported through debts by the syncer.
-		h.mark(c)
-	}
-	c.lease.Store(nl)
+	nl := c.newLease(idx, end-h.periodNS, end, false)
+	c.cur.Store(nl)
 	h.mark(c)
 	return nl
 }
 
-// fallback decides while Redis cannot answer, per the failure mode.
+// creditShare is what the instance may admit on credit in window idx when
+// Redis is slow or away: per, bounded by the window's last-known remainder
+// shared by the instances. Caller holds c.mu.
+func (h *Limiter) creditShare(c *counter, idx, per int64) int64 {
+	if f, ok := c.knownFree(idx); ok {
+		return min(per, max(0, f)/h.instances())
+	}
+	return per
+}
+
+// slowReply decides when a lease call took longer than the timeout while
+// the breaker is closed: Redis answers, slowly, and its last word on the
+// window stands. Strict denies; Optimistic admits on credit within its
+// share, bounded by what Redis last reported free in the window.
+func (h *Limiter) slowReply(c *counter, n, mono int64) ratelimit.Decision {
+	h.st.noReply.Add(1)
+	if h.cfg.mode == Optimistic {
+		l := h.currentLease(c, mono)
+		c.mu.Lock()
+		share := h.creditShare(c, l.idx, h.optimisticShare())
+		c.mu.Unlock()
+		if d, ok := h.borrow(c, n, mono, share); ok {
+			return d
+		}
+	}
+	h.deniedOn(c, n)
+	c.mu.Lock()
+	idx, end := h.windowOf(c, mono)
+	f, known := c.knownFree(idx)
+	c.mu.Unlock()
+	wait := min(int64(h.cfg.syncInterval), end-mono)
+	if known && f <= 0 {
+		wait = end - mono // spent: nothing frees before the window ends
+	}
+	wait = max(wait, int64(time.Millisecond))
+	return ratelimit.Decision{Limit: h.limit, RetryAfter: time.Duration(wait), ResetAfter: time.Duration(max(end-mono, wait))}
+}
+
+// fallback decides while the breaker is open, per the failure mode.
 func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 	h.st.fallback.Add(1)
 	switch h.cfg.failure {
@@ -577,28 +826,28 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 		d, _ := h.borrow(c, n, mono, math.MaxInt64)
 		return d
 	case ratelimit.FailLocal:
-		if d, ok := h.borrow(c, n, mono, h.fallbackShare()); ok {
+		l := h.currentLease(c, mono)
+		c.mu.Lock()
+		share := h.creditShare(c, l.idx, max(1, h.rate/h.instances()))
+		c.mu.Unlock()
+		if d, ok := h.borrow(c, n, mono, share); ok {
 			return d
 		}
-		_, deadline := h.window(mono)
-		if l := c.lease.Load(); l != nil {
-			deadline = l.deadline
-		}
-		c.denied.Add(1)
-		wait := time.Duration(max(deadline-mono, 1))
+		h.deniedOn(c, n)
+		wait := time.Duration(max(l.end-mono, int64(time.Millisecond)))
 		return ratelimit.Decision{Limit: h.limit, RetryAfter: wait, ResetAfter: wait}
 	default: // FailClosed
-		c.denied.Add(1)
+		h.deniedOn(c, n)
 		return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}
 	}
 }
 
-// evicted is the key table's eviction callback: the counter's lease goes
+// evicted is the key table's eviction callback: the counter's leases go
 // back to Redis at the next sync.
 func (h *Limiter) evicted(_ string, c *counter) {
 	c.dead.Store(true)
 	h.forget(c)
-	if c.retire() {
+	if h.retire(c) {
 		h.mark(c)
 		return
 	}
@@ -611,14 +860,31 @@ func (h *Limiter) fold(c *counter) {
 	t := c.takeTick()
 	c.mu.Unlock()
 	h.st.retiredAllowed.Add(c.allowed.Swap(0) + t>>32)
-	h.st.retiredDenied.Add(c.denied.Swap(0))
+	h.st.retiredDenied.Add(c.denied.Swap(0) + c.missed.Swap(0)>>32)
 	h.st.retiredWaited.Add(c.waited.Swap(0))
+}
+
+// retire takes c's leases away and turns what they hold into debts. It
+// returns true when there is something to report.
+func (h *Limiter) retire(c *counter) bool {
+	mono := h.mono()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.cur.Swap(nil); l != nil {
+		c.retireLease(l, h.moot(l.idx, mono))
+	}
+	if l := c.next; l != nil {
+		c.next = nil
+		c.retireLease(l, h.moot(l.idx, mono))
+	}
+	return len(c.debts) > 0 || c.call != nil
 }
 
 // Flush reconciles with Redis now: every unused lease is given back and
 // every count admitted on credit is reported, so that right after it the
 // counts in Redis are exactly what this instance admitted. The next
-// decisions lease again. It returns the first error met.
+// decisions lease again. It returns the first error met, or an error when
+// something is still owed after its passes.
 func (h *Limiter) Flush(ctx context.Context) error {
 	if h.closed.Load() {
 		return ratelimit.ErrClosed
@@ -627,20 +893,47 @@ func (h *Limiter) Flush(ctx context.Context) error {
 	defer h.draining.Add(-1)
 	h.retireAll()
 	// A pass can leave debts behind (a grant that arrived in it goes back
-	// as a debt): run passes until nothing is owed, a few at most.
+	// as a debt), and a key whose decision's call is on its way is left
+	// for the next pass: run passes until nothing is owed, waiting for
+	// those calls between passes, a few at most.
 	for i := 0; ; i++ {
 		if err := h.syncer.Flush(ctx); err != nil {
 			return err
 		}
-		if h.syncer.Pending() == 0 || i == 3 {
+		if h.syncer.Pending() == 0 {
 			return nil
+		}
+		if i == maxFlushPasses {
+			return fmt.Errorf("hybrid: flush: %d keys still owe Redis after %d passes", h.syncer.Pending(), i+1)
+		}
+		if err := h.quiesce(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// quiesce waits until no decision's lease call is queued or on its way.
+func (h *Limiter) quiesce(ctx context.Context) error {
+	for {
+		h.sq.Lock()
+		idle := h.sq.running == 0 && len(h.sq.ops) == 0
+		h.sq.Unlock()
+		if idle {
+			return nil
+		}
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
 		}
 	}
 }
 
 func (h *Limiter) retireAll() {
 	h.table.Range(func(_ string, c *counter) bool {
-		if c.retire() {
+		if h.retire(c) {
 			h.mark(c)
 		}
 		return true
@@ -657,15 +950,25 @@ func (h *Limiter) Close() error {
 	h.closeOnce.Do(func() {
 		h.closed.Store(true)
 		h.draining.Add(1)
+		h.gate.Lock() // no slow-path decision starts any more
+		h.gate.Unlock()
 		h.inflight.Wait()
 		h.retireAll()
 		ctx, cancel := context.WithTimeout(context.Background(), max(defaultFinalFlushBudget, 5*h.cfg.timeout))
 		defer cancel()
 		h.closeErr = h.syncer.Close(ctx)
 		if h.cfg.instances == 0 {
-			hctx, hcancel := context.WithTimeout(context.Background(), h.cfg.timeout)
+			hctx, hcancel := context.WithTimeout(ctx, h.cfg.timeout)
 			h.heartbeat(hctx, false)
 			hcancel()
+		}
+		// Calls the Redis client did not give up on in time end on their
+		// own, by the client's timeouts; wait for them within the budget.
+		done := make(chan struct{})
+		go func() { h.calls.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
 		}
 	})
 	return h.closeErr

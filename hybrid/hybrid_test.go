@@ -227,7 +227,7 @@ func TestOptimisticBound(t *testing.T) {
 	srv := redistest.Standalone(t)
 	limit := ratelimit.Limit{Rate: 800, Period: time.Second}
 	const instances = 4
-	share := limit.Rate / (hybrid.DefaultOptimisticShare * instances)
+	share := limit.Rate / (8 * instances)
 	keys := []string{"o1", "o2", "o3", "o4", "o5", "o6"}
 	hs, ls := fleet(t, instances, func() redis.UniversalClient { return srv.Client() }, limit,
 		hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(instances), hybrid.WithMode(hybrid.Optimistic), hybrid.WithTimeout(time.Second))
@@ -301,7 +301,8 @@ func TestOptimisticFewerSyncRoundTrips(t *testing.T) {
 }
 
 // Allow never waits on Redis longer than the timeout, whether the address
-// refuses connections or hangs, and whatever the client's own timeouts.
+// refuses connections or hangs, and whatever the client's own timeouts: it
+// is denied (strict) until the breaker opens, then FailLocal decides.
 func TestTimeoutBound(t *testing.T) {
 	srv := redistest.Standalone(t)
 	p, err := faultproxy.New(srv.Addr())
@@ -320,15 +321,20 @@ func TestTimeoutBound(t *testing.T) {
 			defer c.Close()
 			h, err := hybrid.New(c, ratelimit.PerSecond(100), hybrid.WithTimeout(timeout), hybrid.WithInstances(1))
 			require.NoError(t, err)
-			for i := 0; i < 10; i++ {
+			allowed := 0
+			deadline := time.Now().Add(10 * time.Second)
+			for i := 0; allowed < 10; i++ {
+				require.True(t, time.Now().Before(deadline), "FailLocal never decided")
 				start := time.Now()
 				d, err := h.Allow(context.Background(), fmt.Sprintf("k%d", i))
 				took := time.Since(start)
-				require.NoError(t, err, "FailLocal decides without an error")
-				require.True(t, d.Allowed, "FailLocal admits within the instance's share")
+				require.NoError(t, err, "no decision returns an error")
 				require.Less(t, took, 20*timeout, "Allow waited %v", took)
+				if d.Allowed {
+					require.True(t, h.Stats().Degraded, "admitted without Redis while the breaker was closed")
+					allowed++
+				}
 			}
-			require.True(t, h.Stats().Degraded)
 			require.NoError(t, func() error { p.Block(false); return nil }())
 			h.Close()
 			p.Block(true)
@@ -346,7 +352,7 @@ func TestBadInput(t *testing.T) {
 	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
 	_, err = hybrid.New(c, ratelimit.PerSecond(10), hybrid.WithAlgorithm(ratelimit.GCRA))
 	require.ErrorIs(t, err, ratelimit.ErrInvalidAlgorithm)
-	for _, o := range []hybrid.Option{hybrid.WithSyncInterval(0), hybrid.WithMaxKeys(0), hybrid.WithPrefix(""), hybrid.WithPrefix("a{b}"),
+	for _, o := range []hybrid.Option{hybrid.WithSyncInterval(0), hybrid.WithMaxKeys(-1), hybrid.WithPrefix(""), hybrid.WithPrefix("a{b}"),
 		hybrid.WithTimeout(-1), hybrid.WithMode(7), hybrid.WithFailureMode(ratelimit.FailureMode(9)), hybrid.WithInstances(-1), hybrid.WithBreaker(0, time.Second)} {
 		_, err = hybrid.New(c, ratelimit.PerSecond(10), o)
 		require.ErrorIs(t, err, ratelimit.ErrInvalidOption)
@@ -399,4 +405,60 @@ func TestNoGoroutineLeak(t *testing.T) {
 	require.NoError(t, h.Close())
 	require.NoError(t, c.Close())
 	goleak.VerifyNone(t, opts...)
+}
+
+// AllowN(n) with n above the lease in hand leases the difference: the
+// instance's own unused lease counts toward n, so a request the window can
+// hold is never denied for want of a bigger grant.
+func TestAllowNAboveLease(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	limit := ratelimit.PerMinute(100)
+	freshWindow(t, c, limit.Period, 10*time.Second)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(1), hybrid.WithTimeout(time.Second))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	for i := 0; i < 11; i++ {
+		d, err := h.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	d, err := h.AllowN(ctx, "k", 89)
+	require.NoError(t, err)
+	require.True(t, d.Allowed, "11 + 89 = 100 fit the window: %+v", d)
+	require.Zero(t, d.Remaining)
+	d, err = h.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+}
+
+// Decisions racing Close either decide or get ErrClosed; Close waits for
+// those it let in (run under the race detector).
+func TestAllowDuringClose(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for round := 0; round < 5; round++ {
+		c := srv.Client()
+		h, err := hybrid.New(c, ratelimit.PerSecond(50), hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(1))
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				for i := 0; i < 200; i++ {
+					_, err := h.Allow(context.Background(), fmt.Sprintf("k%d", (g+i)%20))
+					if err != nil && !errors.Is(err, ratelimit.ErrClosed) {
+						t.Error(err)
+						return
+					}
+				}
+			}(g)
+		}
+		time.Sleep(time.Duration(round) * time.Millisecond)
+		require.NoError(t, h.Close())
+		wg.Wait()
+		require.NoError(t, c.Close())
+	}
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
 // Mode selects how strictly the hybrid limiter backs its decisions with
@@ -39,17 +39,24 @@ func (m Mode) String() string {
 
 // Defaults of the options.
 const (
-	DefaultSyncInterval     = 100 * time.Millisecond
-	DefaultMaxKeys          = 100_000
-	DefaultTimeout          = 100 * time.Millisecond
-	DefaultBreakerFailures  = 3
-	DefaultBreakerOpenFor   = 500 * time.Millisecond
-	DefaultHeartbeatEvery   = time.Second
-	DefaultOptimisticShare  = 8 // optimistic share = Rate / (8 x instances)
+	DefaultSyncInterval    = 100 * time.Millisecond
+	DefaultMaxKeys         = 100_000
+	DefaultTimeout         = 500 * time.Millisecond
+	DefaultBreakerFailures = 3
+	DefaultBreakerOpenFor  = 500 * time.Millisecond
+)
+
+const (
+	heartbeatEvery          = time.Second
 	instanceLivenessFactor  = 3 // an instance counts as alive for 3 heartbeats
+	optimisticShareDivisor  = 8 // optimistic share = Rate / (8 x instances)
 	defaultFinalFlushBudget = 2 * time.Second
 	offsetMaxAge            = 10 * time.Second
 	maxLeaseAttempts        = 32 // synchronous lease calls one decision may make, within its one timeout
+	minCallTimeout          = time.Second
+	syncBatch               = 4096 // lease calls per pipeline
+	maxSyncPipelines        = 4    // decisions' lease pipelines in flight at once
+	maxFlushPasses          = 3
 )
 
 type config struct {
@@ -73,13 +80,13 @@ func defaultConfig() config {
 		algorithm:       ratelimit.FixedWindow,
 		syncInterval:    DefaultSyncInterval,
 		maxKeys:         DefaultMaxKeys,
-		prefix:          global.DefaultPrefix,
+		prefix:          script.DefaultPrefix,
 		mode:            Strict,
 		timeout:         DefaultTimeout,
 		failure:         ratelimit.FailLocal,
 		breakerFailures: DefaultBreakerFailures,
 		breakerOpenFor:  DefaultBreakerOpenFor,
-		heartbeatEvery:  DefaultHeartbeatEvery,
+		heartbeatEvery:  heartbeatEvery,
 	}
 }
 
@@ -121,13 +128,17 @@ func WithSyncInterval(d time.Duration) Option {
 	})
 }
 
-// WithMaxKeys bounds the keys tracked in memory (default 100,000). The least
-// recently used key beyond it is evicted; its unused lease is returned to
-// Redis at the next sync.
+// WithMaxKeys bounds the keys tracked in memory (default DefaultMaxKeys,
+// also what 0 means). The least recently used key beyond it is evicted;
+// its unused lease is returned to Redis at the next sync. New rejects a
+// negative n.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
-		if n < 1 {
-			return invalid("max keys must be >= 1, got %d", n)
+		if n < 0 {
+			return invalid("max keys must be >= 0, got %d", n)
+		}
+		if n == 0 {
+			n = DefaultMaxKeys
 		}
 		c.maxKeys = n
 		return nil

@@ -17,6 +17,8 @@ type Stats struct {
 	SyncRoundTrips uint64 // round trips a decision waited on
 	Leases         uint64 // grants of quota received from Redis
 	LeasedUnits    uint64 // units of quota granted
+	LeasedAhead    uint64 // grants of the next window's quota, leased before it began
+	NoReply        uint64 // decisions Redis did not answer in time (or answered with an error) while the breaker was closed: denied in Strict, on credit in Optimistic
 	Refunded       uint64 // unused leased units given back to Redis
 	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
@@ -34,6 +36,8 @@ func (h *Limiter) Stats() Stats {
 		SyncRoundTrips: h.st.syncRoundTrips.Load(),
 		Leases:         h.st.leases.Load(),
 		LeasedUnits:    h.st.leasedUnits.Load(),
+		LeasedAhead:    h.st.leasedAhead.Load(),
+		NoReply:        h.st.noReply.Load(),
 		Refunded:       h.st.refunded.Load(),
 		Reported:       h.st.reported.Load(),
 		FlushErrors:    h.st.flushErrors.Load(),
@@ -50,7 +54,7 @@ func (h *Limiter) Stats() Stats {
 		t := c.peekTick()
 		c.mu.Unlock()
 		s.Allowed += c.allowed.Load() + t>>32
-		s.Denied += c.denied.Load()
+		s.Denied += c.denied.Load() + c.missed.Load()>>32
 		waited += c.waited.Load()
 		return true
 	})

@@ -11,11 +11,8 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/global"
 )
 
 // tiny flags: two short phases on the embedded miniredis. The long timeout
@@ -107,65 +104,6 @@ func TestUnreachableRedis(t *testing.T) {
 	mr.Close()
 	err := run(context.Background(), []string{"--redis", addr, "--duration", "100ms"}, &bytes.Buffer{})
 	require.Error(t, err)
-}
-
-// The lease and heartbeat scripts the hybrid limiter runs must work on
-// miniredis, the sim's default Redis: TIME, HMGET, HSET with several
-// fields, SET KEEPTTL, INCRBY, PEXPIRE, ZADD, ZREM, ZREMRANGEBYSCORE, ZCARD.
-func TestScriptsOnMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer c.Close()
-	ctx := context.Background()
-	limit := ratelimit.Limit{Rate: 100, Period: time.Hour}
-	base, err := global.KeyBase("t", "k")
-	require.NoError(t, err)
-
-	lease := func(a global.LeaseArgs) global.Lease {
-		t.Helper()
-		a.Base, a.Algorithm, a.Limit = base, ratelimit.FixedWindow, limit
-		v, err := global.LeaseScript.Run(ctx, c, a.Keys(), a.Args()...).Result()
-		require.NoError(t, err)
-		l, err := global.ParseLease(v)
-		require.NoError(t, err)
-		return l
-	}
-	l := lease(global.LeaseArgs{RefundIdx: -1, UseIdx: -1, Want: 60, Min: 1, Instances: 2, Instance: "a", Seq: 1})
-	require.EqualValues(t, 50, l.Grant, "capped at remainder / instances")
-	require.EqualValues(t, 50, l.Count)
-	require.InDelta(t, time.Now().UnixMicro(), l.Now, float64(time.Minute.Microseconds()), "server time from TIME")
-	require.Equal(t, l.Now/limit.Period.Microseconds(), l.Idx)
-	require.Equal(t, (l.Idx+1)*limit.Period.Microseconds()-l.Now, l.Reset)
-	require.False(t, l.Replayed)
-	key := global.WindowKey(base, ratelimit.FixedWindow, l.Idx)
-	ttl := mr.TTL(key)
-	require.Positive(t, ttl)
-
-	again := lease(global.LeaseArgs{RefundIdx: -1, UseIdx: -1, Want: 60, Min: 1, Instances: 2, Instance: "a", Seq: 1})
-	require.True(t, again.Replayed)
-	require.Equal(t, l.Grant, again.Grant)
-
-	// Refund 20 (SET KEEPTTL), then report 5 used on credit and lease again.
-	r := lease(global.LeaseArgs{RefundIdx: l.Idx, Refund: 20, UseIdx: -1, Min: 1, Instances: 1, Instance: "a", Seq: 2})
-	require.EqualValues(t, 30, r.Count)
-	require.Equal(t, ttl, mr.TTL(key), "KEEPTTL kept the expiry")
-	l2 := lease(global.LeaseArgs{RefundIdx: -1, UseIdx: l.Idx, Use: 5, Want: 100, Min: 1, Instances: 1, Instance: "a", Seq: 3})
-	require.EqualValues(t, 100-35, l2.Grant)
-	require.EqualValues(t, 100, l2.Count)
-	l3 := lease(global.LeaseArgs{RefundIdx: -1, UseIdx: -1, Want: 1, Min: 1, Instances: 1, Instance: "b", Seq: 1})
-	require.Zero(t, l3.Grant)
-	require.Equal(t, l3.Reset, l3.Retry)
-
-	beat := func(id, join string) int64 {
-		t.Helper()
-		n, err := global.InstancesScript.Run(ctx, c, []string{global.InstancesKey("t")}, id, 3000, join).Int64()
-		require.NoError(t, err)
-		return n
-	}
-	require.EqualValues(t, 1, beat("a", "1"))
-	require.EqualValues(t, 2, beat("b", "1"))
-	require.EqualValues(t, 2, beat("a", "1"))
-	require.EqualValues(t, 1, beat("a", "0"))
 }
 
 func TestHistQuantiles(t *testing.T) {

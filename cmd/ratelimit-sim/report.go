@@ -34,9 +34,10 @@ func printHeader(out io.Writer, cfg config, backend string, wl *workload) {
 }
 
 // optimisticBound is the most the fleet may admit per key and window in
-// optimistic mode: Rate + instances x share, share = Rate / (8 x instances).
+// optimistic mode: Rate + instances x share, share = Rate / (8 x instances)
+// (hybrid.Optimistic's documented credit share).
 func optimisticBound(cfg config) int {
-	share := max(1, cfg.limit/(hybrid.DefaultOptimisticShare*cfg.instances))
+	share := max(1, cfg.limit/(8*cfg.instances))
 	return cfg.limit + cfg.instances*share
 }
 

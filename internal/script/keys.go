@@ -1,4 +1,4 @@
-package global
+package script
 
 import (
 	"crypto/sha256"
@@ -9,7 +9,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 )
 
-// DefaultPrefix is the Redis key prefix used when WithPrefix is not given.
+// DefaultPrefix is the Redis key prefix the limiters use when none is given.
 const DefaultPrefix = "ratelimit"
 
 // MaxVerbatimKey is the longest user key that is used in Redis verbatim;
@@ -32,20 +32,26 @@ func HashTag(key string) string {
 // key starts with, so that all of them hash to one Cluster slot. It returns
 // an error wrapping ratelimit.ErrInvalidKey for an empty key.
 func KeyBase(prefix, key string) (string, error) {
-	if err := ratelimit.CheckKey(key); err != nil {
-		return "", err
+	if key == "" {
+		return "", ratelimit.ErrInvalidKey
 	}
 	return prefix + ":{" + HashTag(key) + "}:", nil
 }
 
-// WindowKey returns the Redis key of the counter of window index idx (the
-// window starts at idx x Period since the Unix epoch) for FixedWindow
-// ("fw:") or SlidingWindow ("sw:"), given the KeyBase of a user key. The
-// hybrid limiter leases from these same counters.
-func WindowKey(base string, a ratelimit.Algorithm, idx int64) string {
-	suffix := "fw:"
+// CounterKind returns the kind of the window counters of a FixedWindow
+// ("fw") or SlidingWindow ("sw") limiter: the part of a counter's Redis key
+// between the key base and the window index.
+func CounterKind(a ratelimit.Algorithm) string {
 	if a == ratelimit.SlidingWindow {
-		suffix = "sw:"
+		return "sw"
 	}
-	return base + suffix + strconv.FormatInt(idx, 10)
+	return "fw"
+}
+
+// WindowKey returns the Redis key of the counter of window idx (the window
+// starts at idx x Period since the epoch) of the given kind, for the
+// KeyBase of a user key. Global and hybrid limiters count in these same
+// counters.
+func WindowKey(base, kind string, idx int64) string {
+	return base + kind + ":" + strconv.FormatInt(idx, 10)
 }

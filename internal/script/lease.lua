@@ -1,126 +1,243 @@
--- Lease and reconcile primitive of the hybrid limiter, for the window
--- counters fw:<idx> / sw:<idx> that global's FixedWindow and SlidingWindow
--- scripts use too. One atomic call per key: give back unused quota, report
--- usage admitted on credit, and lease a new slice of the current window.
+-- Lease and reconcile primitive of the hybrid limiter, on the window
+-- counters that global's FixedWindow and SlidingWindow scripts use too. One
+-- atomic call per key: give back unused quota, report units admitted on
+-- credit, lease a slice of the current window and, near its end, a slice of
+-- the next one.
 --
 -- KEYS[1]  key base "<prefix>:{<tag>}:"
--- ARGV[1]  "fw" or "sw"
--- ARGV[2]  P, the period in microseconds
--- ARGV[3]  R, the rate
+-- ARGV[1]  counter kind: "fw..." (FixedWindow) or "sw..." (SlidingWindow);
+--          window i's counter is KEYS[1] .. kind .. ':' .. i
+-- ARGV[2]  P, the period in microseconds      ARGV[3]  R, the rate
 -- ARGV[4]  now in microseconds, or -1 to read TIME
--- ARGV[5]  refund window index (-1: none)   ARGV[6]  units to refund
--- ARGV[7]  use window index (-1: none)      ARGV[8]  units used on credit
--- ARGV[9]  want: units wanted from the current window (0: none)
--- ARGV[10] min: the least grant worth having; below it nothing is granted
--- ARGV[11] instances sharing the quota (the grant is capped at the
---          remainder / instances, never below min)
--- ARGV[12] instance id ("" disables idempotency)
--- ARGV[13] sequence number of this call for the instance and key
+-- ARGV[5]  the call's nonce, a few random characters without digits or
+--          ':' ("" keeps no record)
+-- ARGV[6]  1 when the call is sent again after its reply was lost
+-- ARGV[7]  instances sharing the quota (caps a grant at remainder / instances)
+-- ARGV[8]  want: units wanted from the current window (0: none)
+-- ARGV[9]  min: the least grant from the current window worth having
+-- ARGV[10] want_next: units wanted from the next window (0: none)
+-- ARGV[11] lead: a grant from the next window is made only when the
+--          current one ends within lead microseconds
+-- ARGV[12..] adjustments, three values each: window index, units to give
+--          back (refund), units admitted on credit to add (use)
 --
--- Returns {grant, idx, est, now, retry, reset, replay}: the units granted
--- from window idx; the window's count after the call (for sw, the weighted
--- estimate); the time used; when grant < min, the microseconds until min
--- could fit; the microseconds to the end of window idx; 0 for a call applied
--- now, 1 when this call was applied before and its reply is replayed, 2 when
--- a later call of the instance was applied since (its reply is returned:
--- this call's own grant, if any, is lost to the caller).
-local base = KEYS[1]
-local algo = ARGV[1]
-local P = tonumber(ARGV[2])
-local R = tonumber(ARGV[3])
+-- Returns {idx, now, reset, grant, count, retry, grant_next, count_next,
+-- flag}: the current window (by this call's clock, or, for a replay, the
+-- window the call was first applied in) and the time used; microseconds to
+-- its end; the units granted from it and its count afterwards (for sw, the
+-- count that bounds further grants: the weighted estimate now or, if
+-- larger, what the next window will start from); when grant < min, the
+-- microseconds until min units could fit; the same pair for the next window.
+-- flag 0: applied now. 1: a resent call that was applied before: its
+-- original grants are returned and nothing is applied again. 2: a resent
+-- call whose first attempt cannot be told applied or not (another call
+-- wrote the record since): only its credit is applied (counting it twice is
+-- the safe side), never its refunds or grants.
+--
+-- Replay protection keeps one record per window counter, not one per
+-- caller: field r of a window's hash holds the last call applied that wrote
+-- it: its nonce and grants, in base 36, as nonce .. grant (.. ':' ..
+-- grant_next when not 0), stored in the call's current window; or, for a
+-- call that only leased from the next window, nonce .. ':' .. grant_next
+-- in the next window's counter. Its size does not grow with the fleet,
+-- and it stays within 11 characters for grants below 36^3, which keeps a
+-- key's hash in the smallest allocation a small hash gets.
+local base, kind = KEYS[1], ARGV[1]
+local P, R = tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = clock(ARGV[4])
-
--- fdiv and cdiv come from prelude.lua, prepended when the script is built.
-local function ms(us) -- microseconds to a PEXPIRE argument, rounded up, with grace
-  return cdiv(us, 1000) + 1000
-end
-
-local inst = ARGV[12]
-local seq = tonumber(ARGV[13])
-local ikey = base .. 'i:' .. inst
-if inst ~= '' then
-  local last = redis.call('HMGET', ikey, 's', 'g', 'x', 'e', 'n', 'r', 'z')
-  if last[1] and tonumber(last[1]) >= seq then
-    -- 1: this very call was applied and its reply is replayed; 2: a later
-    -- call of the instance was applied since, and its reply is returned.
-    local replay = 1
-    if tonumber(last[1]) > seq then replay = 2 end
-    return {tonumber(last[2]), tonumber(last[3]), tonumber(last[4]), tonumber(last[5]), tonumber(last[6]), tonumber(last[7]), replay}
-  end
-end
+local nonce, resent = ARGV[5], ARGV[6] == '1'
+local n = tonumber(ARGV[7])
+if n < 1 then n = 1 end
+local want, minimum = tonumber(ARGV[8]), tonumber(ARGV[9])
+local want_next, lead = tonumber(ARGV[10]), tonumber(ARGV[11])
+if minimum < 1 then minimum = 1 end
 
 local idx = fdiv(now, P)
-local ws = idx * P
-local e = now - ws
-local span = P -- how long a counter matters after its window ends
-if algo == 'sw' then span = 2 * P end
-local function wkey(i) return base .. algo .. ':' .. i end
-local function ttl(i) return ms(i * P + span - now) end -- until window i stops mattering
+local e = now - idx * P
+local reset = P - e
+local sw = string.sub(kind, 1, 2) == 'sw'
+local span = P -- how long a counter matters after its window starts
+if sw then span = 2 * P end
 
-local refund_idx, refund = tonumber(ARGV[5]), tonumber(ARGV[6])
-if refund > 0 and refund_idx >= idx - 1 then
-  local k = wkey(refund_idx)
-  local c = tonumber(redis.call('GET', k) or '-1')
-  if c >= 0 then
-    local left = c - refund
-    if left < 0 then left = 0 end
-    redis.call('SET', k, left, 'KEEPTTL')
+-- The counters this call touches, by window index, read once: key (k),
+-- count (c), Redis type (t: 'string' for a counter a global limiter wrote,
+-- else 'hash'), whether the call changed them (dirty) and must set their
+-- expiry.
+local ctr = {}
+local function get(i)
+  local x = ctr[i]
+  if x then return x end
+  local k = wkey(base, kind, i)
+  local t, c = 'hash', 0 -- 'hash' also for a counter not there yet
+  local v = redis.pcall('HGET', k, 'c')
+  if type(v) == 'table' then -- WRONGTYPE: a string a global limiter wrote
+    t, c = 'string', tonumber(redis.call('GET', k))
+  elseif v then
+    c = tonumber(v)
   end
+  x = {k = k, t = t, c = c}
+  ctr[i] = x
+  return x
+end
+local function count(i) return get(i).c end
+-- set changes window i's count; record puts the call's record on it. The
+-- counters are written once, at the end.
+local function set(i, c)
+  local x = get(i)
+  x.c, x.dirty = c, true
+end
+local function expire(i) get(i).expire = true end
+
+-- used(i): what bounds grants from window i (idx or idx + 1) as a count;
+-- grants are made while it stays at most R. For sw, the next window starts
+-- from the current one weighted fully, so a grant from either must leave
+-- curr + next <= R, and one from the current must also keep the weighted
+-- estimate <= R.
+local function used(i)
+  if not sw then return count(i) end
+  local u = count(idx) + count(idx + 1)
+  if i == idx then
+    local est = fdiv(count(idx - 1) * (P - e), P) + count(idx)
+    if est > u then u = est end
+  end
+  return u
 end
 
-local use_idx, use = tonumber(ARGV[7]), tonumber(ARGV[8])
--- credit estimated on a clock slightly ahead may name the next window
-if use > 0 and use_idx >= idx - 1 and use_idx <= idx + 1 then
-  local k = wkey(use_idx)
-  redis.call('INCRBY', k, use)
-  redis.call('PEXPIRE', k, ttl(use_idx))
+local digits = '0123456789abcdefghijklmnopqrstuvwxyz'
+local function b36(v)
+  if v == 0 then return '0' end
+  local out = ''
+  while v > 0 do
+    local d = v % 36
+    out = string.sub(digits, d + 1, d + 1) .. out
+    v = (v - d) / 36
+  end
+  return out
 end
 
-local curr = tonumber(redis.call('GET', wkey(idx)) or '0')
-local prev = 0
-if algo == 'sw' then prev = tonumber(redis.call('GET', wkey(idx - 1)) or '0') end
-local est = fdiv(prev * (P - e), P) + curr
+local function size(w, lo, room)
+  if w <= 0 or room < lo then return 0 end
+  -- At most this caller's share of the remainder, but never a cascade of
+  -- tiny grants: the last quarter of the limit goes out in chunks of
+  -- R / (4 x instances) to whoever asks first.
+  local cap = fdiv(room, n)
+  local tail = cdiv(R, 4 * n)
+  if cap < tail then cap = tail end
+  if cap < lo then cap = lo end
+  if w > cap then w = cap end
+  if w > room then w = room end
+  if w < lo then w = lo end
+  return w
+end
 
-local want, minimum, n = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-if minimum < 1 then minimum = 1 end
-if n < 1 then n = 1 end
-local grant, retry = 0, 0
-local avail = R - est
-if want > 0 then
-  if avail >= minimum then
-    grant = want
-    local cap = fdiv(avail, n)
-    if cap < minimum then cap = minimum end
-    if grant > cap then grant = cap end
-    if grant > avail then grant = avail end
-    if grant < minimum then grant = minimum end
-    redis.call('INCRBY', wkey(idx), grant)
-    redis.call('PEXPIRE', wkey(idx), ttl(idx))
-    est = est + grant
-  else
-    -- the earliest time min units could fit, as global computes RetryAfter
-    local function first(c, room)
-      local f = P - cdiv((room + 1) * P, c) + 1
-      if f < 0 then f = 0 end
-      return f
+if resent and nonce ~= '' then
+  for i = idx + 1, idx - 2, -1 do
+    local x = get(i)
+    local r = nil
+    if x.t == 'hash' then r = redis.call('HGET', x.k, 'r') end
+    local g, colon, gn
+    if r and string.sub(r, 1, #nonce) == nonce then
+      g, colon, gn = string.match(string.sub(r, #nonce + 1), '^(%w*)(:?)(%w*)$')
     end
-    if algo == 'fw' then
-      retry = P - e
-    else
-      local room = R - curr - minimum
-      if room >= 0 then
-        retry = first(prev, room) - e
-      else
-        retry = (P - e) + first(curr, R - minimum)
+    if g then
+      -- The call was applied when window w was the current one: the record
+      -- sits in w's counter, or in w + 1's without the grant. A grant from
+      -- a window that has ended is worth nothing.
+      local w = i
+      if g == '' then w, g = i - 1, '0' end
+      if gn == '' then gn = '0' end
+      if w >= idx - 1 and w <= idx then
+        local c, cn = R, used(idx)
+        if w == idx then c, cn = used(idx), used(idx + 1) end
+        return {w, now, P - (now - w * P), tonumber(g, 36), c, 0, tonumber(gn, 36), cn, 1}
       end
     end
-    if retry < 1 then retry = 1 end
   end
 end
 
-local reset = P - e
-if inst ~= '' then
-  redis.call('HSET', ikey, 's', seq, 'g', grant, 'x', idx, 'e', est, 'n', now, 'r', retry, 'z', reset)
-  redis.call('PEXPIRE', ikey, ms(2 * P + 10000000))
+local lo = idx
+if sw then lo = idx - 1 end
+for j = 12, #ARGV - 2, 3 do
+  local w, refund, use = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
+  -- Windows that no longer bound anything are left alone.
+  if w >= lo and w <= idx + 1 then
+    local c = count(w)
+    local d = use
+    if not resent then d = d - refund end
+    if d > 0 or (d < 0 and c > 0) then
+      c = c + d
+      if c < 0 then c = 0 end -- a refund never drives a counter below zero
+      set(w, c)
+      if use > 0 then expire(w) end -- credit may create the counter
+      -- (a refund keeps the expiry: HSET does)
+    end
+  end
 end
-return {grant, idx, est, now, retry, reset, 0}
+
+local grant, grant_next, retry = 0, 0, 0
+local rec = nil
+if not resent then
+  if want > 0 then
+    grant = size(want, minimum, R - used(idx))
+    if grant > 0 then
+      set(idx, count(idx) + grant)
+      expire(idx)
+    else
+      -- the earliest time min units could fit, as global computes RetryAfter
+      if not sw then
+        retry = reset
+      else
+        local curr, nxt = count(idx), count(idx + 1)
+        if curr + nxt + minimum <= R then
+          retry = first(count(idx - 1), R - curr - minimum, P) - e
+        else
+          retry = reset + first(curr, R - nxt - minimum, P)
+        end
+      end
+      if retry < 1 then retry = 1 end
+    end
+  end
+  if want_next > 0 and reset <= lead then
+    grant_next = size(want_next, 1, R - used(idx + 1))
+    if grant_next > 0 then
+      set(idx + 1, count(idx + 1) + grant_next)
+      expire(idx + 1)
+    end
+  end
+  if nonce ~= '' then
+    -- The record goes in a counter the call writes anyway when it can: the
+    -- next window's, for a call that only leases from it.
+    local w, rec = idx, nonce .. b36(grant)
+    if grant_next > 0 then rec = rec .. ':' .. b36(grant_next) end
+    if want == 0 and grant_next > 0 and not (ctr[idx] and ctr[idx].dirty) then
+      w, rec = idx + 1, nonce .. ':' .. b36(grant_next)
+    end
+    local x = get(w)
+    x.r, x.dirty = rec, true
+    expire(w)
+  end
+end
+-- Write what changed: as hashes, converting a counter a global limiter
+-- wrote as a string (its expiry kept unless the call sets one).
+for i, x in pairs(ctr) do
+  if x.dirty then
+    local keep = 0
+    if x.t == 'string' then
+      keep = redis.call('PTTL', x.k)
+      redis.call('DEL', x.k)
+    end
+    if x.r then
+      redis.call('HSET', x.k, 'c', x.c, 'r', x.r)
+    else
+      redis.call('HSET', x.k, 'c', x.c)
+    end
+    if x.expire then
+      redis.call('PEXPIRE', x.k, expiry_ms(i * P + span - now))
+    elseif keep > 0 then
+      redis.call('PEXPIRE', x.k, keep)
+    end
+  end
+end
+local count_next = -1 -- not asked
+if want_next > 0 or sw or ctr[idx + 1] then count_next = used(idx + 1) end
+return {idx, now, reset, grant, used(idx), retry, grant_next, count_next, resent and 2 or 0}

@@ -1,0 +1,186 @@
+// Package script is the Redis plumbing the global and hybrid limiters
+// share and users never call: the Lua prelude every script is built with,
+// the key layout, the hybrid's lease/reconcile script and fleet heartbeat,
+// and small helpers about go-redis clients and errors.
+package script
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+)
+
+//go:embed prelude.lua
+var prelude string
+
+// New builds a script from the shared prelude and body.
+func New(body string) *redis.Script { return redis.NewScript(prelude + body) }
+
+//go:embed lease.lua
+var leaseSource string
+
+//go:embed instances.lua
+var instancesSource string
+
+// Lease is the lease and reconcile script of the hybrid limiter (lease.lua).
+// Its arguments are built by LeaseArgs and its reply read by ParseLease.
+var Lease = New(leaseSource)
+
+// Instances registers or removes a hybrid limiter instance and returns how
+// many instances heartbeated within the liveness period. KEYS: InstancesKey.
+// ARGV: instance id, liveness in ms, 1 to register or 0 to leave.
+var Instances = redis.NewScript(instancesSource)
+
+// InstancesKey returns the Redis key of the instance registry for prefix.
+func InstancesKey(prefix string) string { return prefix + ":instances" }
+
+// Adjust is what one lease call reconciles for one window: unused leased
+// units given back and units admitted on credit reported.
+type Adjust struct {
+	Idx    int64 // window index: the window starts at Idx x Period since the epoch
+	Refund int64 // leased units never used, to give back
+	Use    int64 // units admitted on credit, to count
+}
+
+// MaxAdjust is the most windows one lease call reconciles: the previous,
+// the current and the next.
+const MaxAdjust = 3
+
+// LeaseArgs are the arguments of one Lease call for one key.
+type LeaseArgs struct {
+	Base  string // KeyBase of the user key
+	Kind  string // counter kind, CounterKind of the algorithm and limit
+	Limit ratelimit.Limit
+	Now   int64 // microseconds since the epoch; <= 0 reads Redis TIME
+
+	// Nonce identifies the call in Redis' replay record: a few random
+	// characters, no digit and no ':' (see NewNonce); "" keeps no record.
+	Nonce  string
+	Seq    int64 // the caller's own sequence number of the call (not sent)
+	Resent bool  // sent again after its reply was lost
+
+	Instances int64 // instances sharing the quota; caps a grant at remainder / Instances
+	Want      int64 // units wanted from the current window (0: none)
+	Min       int64 // the least grant from the current window worth having (>= 1)
+	WantNext  int64 // units wanted from the next window (0: none)
+	Lead      int64 // microseconds: the next window is leased from only when the current ends within Lead
+
+	Adjust []Adjust // at most MaxAdjust
+}
+
+// Keys returns the KEYS of the call.
+func (a *LeaseArgs) Keys() []string { return []string{a.Base} }
+
+// Args returns the ARGV of the call.
+func (a *LeaseArgs) Args() []any {
+	now := a.Now
+	if now <= 0 {
+		now = -1
+	}
+	resent := 0
+	if a.Resent {
+		resent = 1
+	}
+	out := make([]any, 0, 11+3*len(a.Adjust))
+	out = append(out, a.Kind, int64(a.Limit.Period/time.Microsecond), a.Limit.Rate, now,
+		a.Nonce, resent, a.Instances, a.Want, a.Min, a.WantNext, a.Lead)
+	for _, j := range a.Adjust {
+		out = append(out, j.Idx, j.Refund, j.Use)
+	}
+	return out
+}
+
+// Reply is the reply of one Lease call.
+type Reply struct {
+	Idx   int64 // the current window; for a replay, the window the call was first applied in
+	Now   int64 // the time the script used, microseconds since the epoch
+	Reset int64 // microseconds from Now to the end of window Idx (<= 0: it has ended)
+	Grant int64 // units granted from window Idx
+	Count int64 // what bounds further grants from window Idx, as a count: Rate - Count is free
+	Retry int64 // when Want > 0 and Grant < Min: microseconds until Min units could fit
+
+	GrantNext int64 // units granted from window Idx + 1
+	CountNext int64 // Count for window Idx + 1
+
+	// Replayed: the call was resent and had been applied before; the grants
+	// are those of its first application and nothing was applied again.
+	Replayed bool
+	// Unknown: the call was resent and whether its first attempt was applied
+	// cannot be told (another call wrote the key's record since). Only its
+	// credit was applied now; its refunds and grants were not.
+	Unknown bool
+}
+
+// ErrBadReply reports a script reply of an unexpected shape.
+var ErrBadReply = errors.New("ratelimit: unexpected script reply")
+
+// ParseLease reads the reply of a Lease call.
+func ParseLease(v any) (Reply, error) {
+	vals, ok := v.([]any)
+	if !ok || len(vals) != 9 {
+		return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+	}
+	var f [9]int64
+	for i, x := range vals {
+		switch t := x.(type) {
+		case int64:
+			f[i] = t
+		case string:
+			n, err := strconv.ParseInt(t, 10, 64)
+			if err != nil {
+				return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+			}
+			f[i] = n
+		default:
+			return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+		}
+	}
+	return Reply{Idx: f[0], Now: f[1], Reset: f[2], Grant: f[3], Count: f[4], Retry: f[5],
+		GrantNext: f[6], CountNext: f[7], Replayed: f[8] == 1, Unknown: f[8] == 2}, nil
+}
+
+// nonceAlphabet: letters, so that a nonce is safe in a record whatever
+// follows it (records know a nonce by its fixed length).
+const nonceAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// NonceLen is the length of a nonce: 6 letters, 34.2 bits. A call resent
+// after a lost reply is compared with the records of the (at most four)
+// counters it may have written, so a false match takes about one chance in
+// 5 x 10^9 per resend, and resends follow lost replies only.
+const NonceLen = 6
+
+// NewNonce returns the nonce of a call from 64 random bits.
+func NewNonce(r uint64) string {
+	var b [NonceLen]byte
+	for i := range b {
+		b[i] = nonceAlphabet[r%uint64(len(nonceAlphabet))]
+		r /= uint64(len(nonceAlphabet))
+	}
+	return string(b[:])
+}
+
+// IsNoScript reports whether err is Redis' NOSCRIPT: the script was not
+// run (the server lost its script cache).
+func IsNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
+
+// IsNilClient reports whether c is nil, or a nil pointer of one of
+// go-redis' client types (a typed nil in the interface).
+func IsNilClient(c redis.UniversalClient) bool {
+	switch v := c.(type) {
+	case nil:
+		return true
+	case *redis.Client:
+		return v == nil
+	case *redis.ClusterClient:
+		return v == nil
+	case *redis.Ring:
+		return v == nil
+	}
+	return false
+}
