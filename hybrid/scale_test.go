@@ -1,0 +1,395 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+// rtHook counts Redis round trips as a client makes them: one per command
+// sent on its own (a synchronous lease, a heartbeat, a probe) and one per
+// pipeline, however many commands it carries.
+type rtHook struct{ single, pipelines atomic.Int64 }
+
+func (h *rtHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *rtHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.single.Add(1); return next(ctx, cmd) }
+}
+func (h *rtHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.pipelines.Add(1); return next(ctx, cmds) }
+}
+func (h *rtHook) total() int64 { return h.single.Load() + h.pipelines.Load() }
+
+// hooked returns a new client of srv with a round-trip counter.
+func hooked(t testing.TB, srv *redistest.Server) (*redis.Client, *rtHook) {
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	h := &rtHook{}
+	c.AddHook(h)
+	return c, h
+}
+
+func sumRT(hs []*rtHook) (n int64) {
+	for _, h := range hs {
+		n += h.total()
+	}
+	return n
+}
+
+// closedLoop runs workers goroutines per limiter, each drawing keys
+// uniformly at random (so that every key's requests are spread in time, as
+// independent clients' are), until stop is closed; it returns the
+// decisions, denials and errors.
+func closedLoop(ls []ratelimit.Limiter, keys []string, workers int, stop <-chan struct{}) (decisions, denied, errs int64) {
+	var d, dn, e atomic.Int64
+	var wg sync.WaitGroup
+	for li, l := range ls {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(l ratelimit.Limiter, x uint64) {
+				defer wg.Done()
+				var nd, ndn, ne int64
+				for {
+					if nd&63 == 0 {
+						select {
+						case <-stop:
+							d.Add(nd)
+							dn.Add(ndn)
+							e.Add(ne)
+							return
+						default:
+						}
+					}
+					x ^= x << 13 // xorshift64
+					x ^= x >> 7
+					x ^= x << 17
+					dec, err := l.AllowN(context.Background(), keys[x%uint64(len(keys))], 1)
+					nd++
+					switch {
+					case err != nil:
+						ne++
+					case !dec.Allowed:
+						ndn++
+					}
+				}
+			}(l, uint64(li*workers+w+1)*0x9E3779B97F4A7C15)
+		}
+	}
+	<-stop
+	wg.Wait()
+	return d.Load(), dn.Load(), e.Load()
+}
+
+// touchAll makes one decision per key on every limiter, from 32 goroutines
+// per limiter.
+func touchAll(ls []ratelimit.Limiter, keys []string) (denied, errs int64) {
+	var dn, e atomic.Int64
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		for w := 0; w < 32; w++ {
+			wg.Add(1)
+			go func(l ratelimit.Limiter, w int) {
+				defer wg.Done()
+				for i := w; i < len(keys); i += 32 {
+					d, err := l.AllowN(context.Background(), keys[i], 1)
+					switch {
+					case err != nil:
+						e.Add(1)
+					case !d.Allowed:
+						dn.Add(1)
+					}
+				}
+			}(l, w)
+		}
+	}
+	wg.Wait()
+	return dn.Load(), e.Load()
+}
+
+// skipUnderRace skips a test that measures speed or Redis memory when the
+// race detector is on; scripts/test.sh runs these tests without it.
+func skipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("measured without the race detector, in a pass of its own (scripts/test.sh): the detector slows the in-memory path, not Redis")
+	}
+}
+
+func after(d time.Duration) <-chan struct{} {
+	ch := make(chan struct{})
+	time.AfterFunc(d, func() { close(ch) })
+	return ch
+}
+
+// Many keys, each far under its limit: a fleet of 4 instances sweeping
+// 10,000 keys decides at least 20 times as fast as per-request global
+// limiters, with at most one Redis round trip per 100 decisions once every
+// key has been seen, and denies nothing. The window rolls three times while
+// it is measured: the roll must cost no waiting.
+const warmup = 2500 * time.Millisecond
+
+func TestManyKeysUnderLimit(t *testing.T) {
+	skipUnderRace(t)
+	srv := redistest.Standalone(t)
+	limit := ratelimit.PerSecond(2000)
+	// 16 requests in flight per instance. (With very few, a fleet that
+	// starts cold stays cold: each key is then used less than once per
+	// window per instance, and in strict mode such a key's every decision
+	// is a round trip, by design; see docs/tuning.md.)
+	const instances, workers = 4, 16
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(i)
+	}
+	prefix := uniq(t)
+	var hooks []*rtHook
+	var ls []ratelimit.Limiter
+	var hs []*hybrid.Limiter
+	for i := 0; i < instances; i++ {
+		c, hk := hooked(t, srv)
+		h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix))
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		hooks, hs, ls = append(hooks, hk), append(hs, h), append(ls, h)
+	}
+	// Warm up: every instance sees every key once (each a round trip in
+	// strict mode, by design: a key's first decision leases), then the
+	// closed loop runs across a window roll.
+	wDenied, wErrs := touchAll(ls, keys)
+	_, d2, e2 := closedLoop(ls, keys, workers, after(warmup))
+	wDenied, wErrs = wDenied+d2, wErrs+e2
+	warmRT := sumRT(hooks)
+	rt0 := sumRT(hooks)
+	start := time.Now()
+	decisions, denied, errs := closedLoop(ls, keys, workers, after(3*time.Second))
+	hybridRate := float64(decisions) / time.Since(start).Seconds()
+	rt := sumRT(hooks) - rt0
+
+	// The same fleet shape with a per-request global limiter per instance.
+	var gs []ratelimit.Limiter
+	for i := 0; i < instances; i++ {
+		c := srv.Client()
+		t.Cleanup(func() { c.Close() })
+		g, err := global.New(c, limit, global.WithPrefix(prefix+"g"), global.WithAlgorithm(ratelimit.FixedWindow))
+		require.NoError(t, err)
+		gs = append(gs, g)
+	}
+	start = time.Now()
+	gDecisions, gDenied, gErrs := closedLoop(gs, keys, workers, after(1500*time.Millisecond))
+	globalRate := float64(gDecisions) / time.Since(start).Seconds()
+
+	s := sumStats(hs)
+	t.Logf("warm-up: denied %d errors %d, %d round trips", wDenied, wErrs, warmRT)
+	t.Logf("hybrid: %d decisions (%.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions); sync round trips since New %d",
+		decisions, hybridRate, denied, errs, rt, 1000*float64(rt)/float64(decisions), s.SyncRoundTrips)
+	t.Logf("global: %d decisions (%.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
+		gDecisions, globalRate, gDenied, gErrs, hybridRate/globalRate)
+	require.Zero(t, errs+wErrs+gErrs)
+	require.Zero(t, denied+wDenied, "every key is far under its limit")
+	require.Zero(t, gDenied)
+	require.LessOrEqual(t, rt*100, decisions, "at most one round trip per 100 decisions")
+	require.GreaterOrEqual(t, hybridRate, 20*globalRate, "the hybrid must decide at least 20x as fast as per-request Redis")
+}
+
+// The window roll costs no waiting: a key used steadily in one window makes
+// its first decisions of the next with quota already in hand.
+func TestWindowRollNoWait(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			c, hk := hooked(t, srv)
+			limit := ratelimit.Limit{Rate: 1000, Period: time.Second}
+			h, err := hybrid.New(c, limit, hybrid.WithPrefix(uniq(t)), hybrid.WithAlgorithm(alg), hybrid.WithTimeout(time.Second))
+			require.NoError(t, err)
+			defer h.Close()
+			ctx := context.Background()
+			// Use the key steadily (about 200/s, far under the limit) for a
+			// whole window and into the next; find the first decision of
+			// each window by its ResetAfter jumping up.
+			idx, left := serverWindow(t, c, limit.Period)
+			time.Sleep(left + 20*time.Millisecond) // the start of window idx+1
+			var rolls, checked int
+			prevReset := time.Duration(-1)
+			deadline := time.Now().Add(3500 * time.Millisecond)
+			for time.Now().Before(deadline) && rolls < 2 {
+				before := hk.single.Load()
+				d, err := h.Allow(ctx, "steady")
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				if prevReset >= 0 && d.ResetAfter > prevReset+limit.Period/2 {
+					// The first decision of a new window, after a whole
+					// window of steady use.
+					rolls++
+					require.Equal(t, before, hk.single.Load(), "the first decision of window %d waited on a synchronous round trip", rolls)
+					// and the next few of that window too
+					for i := 0; i < 10; i++ {
+						b := hk.single.Load()
+						d, err := h.Allow(ctx, "steady")
+						require.NoError(t, err)
+						require.True(t, d.Allowed)
+						require.Equal(t, b, hk.single.Load(), "decision %d of the new window waited on Redis", i+1)
+						checked++
+					}
+				}
+				prevReset = d.ResetAfter
+				time.Sleep(5 * time.Millisecond)
+			}
+			require.Equal(t, 2, rolls, "the run must cross two window boundaries (from window %d)", idx)
+			t.Logf("%v: %d rolls, %d decisions after them checked; stats %+v", alg, rolls, checked, h.Stats())
+		})
+	}
+}
+
+// A busy host on default options: 8 instances of 4 goroutines in one
+// process (2 cores here), 16 keys far over the limit for at least 5
+// windows. No key-window may go over the limit, every full window must be
+// at least 95% used, and the fleet makes at most one round trip per 50
+// admitted.
+func TestBusyHostDefaults(t *testing.T) {
+	srv := redistest.Standalone(t)
+	limit := ratelimit.PerSecond(2000)
+	const instances, workers = 8, 4
+	prefix := uniq(t)
+	var hooks []*rtHook
+	var ls []ratelimit.Limiter
+	var hs []*hybrid.Limiter
+	for i := 0; i < instances; i++ {
+		c, hk := hooked(t, srv)
+		h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix)) // defaults but the prefix
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		hooks, hs, ls = append(hooks, hk), append(hs, h), append(ls, h)
+	}
+	keys := make([]string, 16)
+	for i := range keys {
+		keys[i] = "hot-" + strconv.Itoa(i)
+	}
+	tl := newTally(limit.Period)
+	from := time.Now()
+	allowed, denied := hammer(t, ls, keys, workers, 6500*time.Millisecond, tl)
+	to := time.Now()
+	rt := sumRT(hooks)
+	s := sumStats(hs)
+	var over []string
+	minFull := limit.Rate
+	for _, k := range keys {
+		full, all := tl.windows(k, from, to)
+		for idx, n := range all {
+			if n > limit.Rate {
+				over = append(over, fmt.Sprintf("%s/%d: %d", k, idx, n))
+			}
+		}
+		require.GreaterOrEqual(t, len(full), 5, "the run must span 5 full windows")
+		for _, n := range full {
+			minFull = min(minFull, n)
+		}
+	}
+	t.Logf("allowed %d denied %d; round trips %d (1 per %.0f admitted); least used full window %d of %d; fallback %d, sync round trips %d",
+		allowed, denied, rt, float64(allowed)/float64(rt), minFull, limit.Rate, s.Fallback, s.SyncRoundTrips)
+	require.Empty(t, over, "key-windows over the limit")
+	require.GreaterOrEqual(t, minFull, limit.Rate*95/100, "every full window at least 95%% used")
+	require.LessOrEqual(t, rt*50, allowed, "at most one round trip per 50 admitted")
+}
+
+// keyMemory returns the memory Redis uses for keys: used_memory less what
+// client connections' buffers and the Lua engine hold, which depend on how
+// many clients are connected and which scripts ran, not on the keys.
+func keyMemory(t *testing.T, c redis.UniversalClient) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "memory").Result()
+	require.NoError(t, err)
+	f := map[string]int64{}
+	for _, line := range strings.Split(info, "\r\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				f[k] = n
+			}
+		}
+	}
+	require.Contains(t, f, "used_memory")
+	return f["used_memory"] - f["mem_clients_normal"] - f["used_memory_vm_eval"] - f["used_memory_scripts_eval"]
+}
+
+// Redis memory per user key: 8 hybrid instances using every one of 5,000
+// keys cost at most 1.5x what a global FixedWindow limiter costs on the
+// same keys.
+func TestRedisMemoryPerKey(t *testing.T) {
+	skipUnderRace(t)
+	const nkeys, instances = 5000, 8
+	// An hour's window: the measurement never meets a window's end.
+	limit := ratelimit.PerHour(1_000_000)
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%05d", i)
+	}
+	ctx := context.Background()
+	// Each measurement fills a fresh server through clients of its own,
+	// closes them (their connections' buffers are not the keys'), and
+	// counts two ways: MEMORY USAGE summed over every key (what the keys
+	// hold), and used_memory's growth (which adds the server's tables).
+	measure := func(name string, fill func(c *redis.Client) (done func())) (usage, grown float64) {
+		srv := redistest.Standalone(t)
+		c := srv.Client()
+		defer c.Close()
+		freshWindow(t, c, limit.Period, 30*time.Second)
+		before := keyMemory(t, c)
+		fc := srv.Client()
+		done := fill(fc)
+		require.NoError(t, fc.Close())
+		time.Sleep(50 * time.Millisecond) // the server frees the closed connections
+		grown = float64(keyMemory(t, c)-before) / nkeys
+		var total, n int64
+		iter := c.Scan(ctx, 0, "*", 1000).Iterator()
+		for iter.Next(ctx) {
+			u, err := c.MemoryUsage(ctx, iter.Val(), 0).Result()
+			require.NoError(t, err)
+			total += u
+			n++
+		}
+		require.NoError(t, iter.Err())
+		done()
+		per := float64(total) / nkeys
+		t.Logf("%s: MEMORY USAGE %.0f B per user key, used_memory %.0f B per user key (%d Redis keys for %d user keys)", name, per, grown, n, nkeys)
+		return per, grown
+	}
+	gu, gg := measure("global FixedWindow", func(c *redis.Client) func() {
+		l, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow))
+		require.NoError(t, err)
+		denied, errs := touchAll([]ratelimit.Limiter{l}, keys)
+		require.Zero(t, denied+errs)
+		return func() {}
+	})
+	hu, hg := measure(fmt.Sprintf("hybrid, %d instances", instances), func(c *redis.Client) func() {
+		var hs []*hybrid.Limiter
+		var ls []ratelimit.Limiter
+		for i := 0; i < instances; i++ {
+			h, err := hybrid.New(c, limit, hybrid.WithAlgorithm(ratelimit.FixedWindow))
+			require.NoError(t, err)
+			hs, ls = append(hs, h), append(ls, h)
+		}
+		denied, errs := touchAll(ls, keys)
+		require.Zero(t, denied+errs)
+		time.Sleep(3 * hybrid.DefaultSyncInterval) // background calls of the last decisions land
+		return func() {
+			for _, h := range hs {
+				h.Close()
+			}
+		}
+	})
+	t.Logf("hybrid / global: MEMORY USAGE %.2fx, used_memory %.2fx", hu/gu, hg/gg)
+	require.LessOrEqual(t, hu, 1.5*gu, "hybrid memory per user key at most 1.5x global's (MEMORY USAGE)")
+	require.LessOrEqual(t, hg, 1.5*gg, "hybrid memory per user key at most 1.5x global's (used_memory)")
+}
