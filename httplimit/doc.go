@@ -1,0 +1,78 @@
+// Package httplimit is net/http middleware that rate-limits requests with any
+// ratelimit.Limiter (local, global or hybrid).
+//
+// For each request the middleware derives a key (by default the client's IP
+// address, see ClientIP), asks the limiter for a decision of one event (or the
+// cost given by WithCost), writes the rate-limit response headers and then
+// either calls the next handler or answers 429 Too Many Requests:
+//
+//	lim, err := hybrid.New(client, ratelimit.PerMinute(100))
+//	...
+//	mw := httplimit.New(lim, httplimit.WithKey(httplimit.Header("X-API-Key")))
+//	http.ListenAndServe(":8080", mw(apiHandler))
+//
+// # Headers
+//
+// By default every response the limiter decided carries
+//
+//	X-RateLimit-Limit      the policy's quota (see WithQuota)
+//	X-RateLimit-Remaining  Decision.Remaining
+//	X-RateLimit-Reset      Unix time, in seconds rounded up, when the quota is full again (now + Decision.ResetAfter)
+//	RateLimit-Policy       "<name>";q=<quota>;w=<window seconds>
+//	RateLimit              "<name>";r=<remaining>;t=<seconds until reset, rounded up>
+//
+// and a denied one also Retry-After: Decision.RetryAfter in whole seconds,
+// rounded up, never 0. RateLimit-Policy and RateLimit are the structured
+// fields of draft-ietf-httpapi-ratelimit-headers; WithHeaders selects which
+// sets are sent. The quota defaults to Decision.Limit.Rate, which is the
+// quota of the window algorithms; for TokenBucket and GCRA pass the bucket
+// size with WithQuota if Burst differs from Rate.
+//
+// # Errors
+//
+// The middleware never lets a request through without a decision, except in
+// shadow mode, and never panics on a request. Each failure reaches the
+// observer (WithObserver) as an OutcomeError event and then the error handler
+// (WithErrorHandler), whose default (DefaultError) answers with a JSON body
+// {"error":"<code>"}:
+//
+//	cause                                    Event.Err wraps              status code
+//	the key cannot be derived                ErrKey                       400    rate_limit_key_invalid
+//	bad configuration: New's arguments, or   ratelimit.ErrInvalidOption   500    rate_limit_misconfigured
+//	  a KeyFunc built from bad arguments
+//	the request's context has ended          ErrCanceled                  503    request_canceled
+//	the limiter rejects the cost             ErrLimiter and               500    rate_limit_misconfigured
+//	                                           ratelimit.ErrInvalidN
+//	any other limiter error                  ErrLimiter                   503    rate_limiter_unavailable
+//
+// A request whose context has already ended is not decided: it spends no
+// quota.
+//
+// A limiter error fails closed: the request is not served. Failing open is
+// the limiter's choice, not the middleware's: a Redis outage need not reach
+// the middleware at all, since the hybrid limiter decides by its
+// ratelimit.FailureMode (FailLocal by default) with a nil error, and a global
+// limiter does so when given global.WithFailureMode; a service that prefers
+// to serve everything during an outage sets ratelimit.FailOpen there, where
+// the limiter also bounds and reports it. An error that still reaches the
+// middleware is a closed limiter (shutdown), a global limiter without a
+// failure mode, or a cost out of range: serving the request anyway would
+// lift the limit without anyone noticing.
+//
+// # Shadow mode
+//
+// WithShadow makes the middleware decide, write the headers (all but
+// Retry-After) and report every outcome to the observer, but serve every
+// request, denied or failed: a new rule can be tried on production traffic
+// before it is enforced.
+//
+// # Concurrency
+//
+// The middleware returned by New, and the handlers it wraps, are safe for
+// concurrent use. The hooks (KeyFunc, cost, observer, denied and error
+// handlers) are called on the request's goroutine and must be safe for
+// concurrent use. An allowed request costs the middleware two small
+// allocations (the header values) beyond what the limiter and the key
+// function allocate; ClientIP and Header allocate nothing for an IPv4 peer or
+// a header value.
+package httplimit
