@@ -59,13 +59,15 @@ local sw = string.sub(kind, 1, 2) == 'sw'
 local span = P -- how long a counter matters after its window starts
 if sw then span = 2 * P end
 
--- The counters this call touches, by window index, read once: key (k),
+-- The counters this call touches, by window index less idx (small keys:
+-- some Lua tables size an array part to a large integer key), read once:
+-- window (i), key (k),
 -- count (c), Redis type (t: 'string' for a counter a global limiter wrote,
 -- else 'hash'), whether the call changed them (dirty) and must set their
 -- expiry.
 local ctr = {}
 local function get(i)
-  local x = ctr[i]
+  local x = ctr[i - idx]
   if x then return x end
   local k = wkey(base, kind, i)
   local t, c = 'hash', 0 -- 'hash' also for a counter not there yet
@@ -75,8 +77,8 @@ local function get(i)
   elseif v then
     c = tonumber(v)
   end
-  x = {k = k, t = t, c = c}
-  ctr[i] = x
+  x = {i = i, k = k, t = t, c = c}
+  ctr[i - idx] = x
   return x
 end
 local function count(i) return get(i).c end
@@ -209,7 +211,7 @@ if not resent then
     -- next window's, for a call that only leases from it.
     local w, rec = idx, nonce .. b36(grant)
     if grant_next > 0 then rec = rec .. ':' .. b36(grant_next) end
-    if want == 0 and grant_next > 0 and not (ctr[idx] and ctr[idx].dirty) then
+    if want == 0 and grant_next > 0 and not (ctr[0] and ctr[0].dirty) then
       w, rec = idx + 1, nonce .. ':' .. b36(grant_next)
     end
     local x = get(w)
@@ -219,7 +221,7 @@ if not resent then
 end
 -- Write what changed: as hashes, converting a counter a global limiter
 -- wrote as a string (its expiry kept unless the call sets one).
-for i, x in pairs(ctr) do
+for _, x in pairs(ctr) do
   if x.dirty then
     local keep = 0
     if x.t == 'string' then
@@ -232,12 +234,12 @@ for i, x in pairs(ctr) do
       redis.call('HSET', x.k, 'c', x.c)
     end
     if x.expire then
-      redis.call('PEXPIRE', x.k, expiry_ms(i * P + span - now))
+      redis.call('PEXPIRE', x.k, expiry_ms(x.i * P + span - now))
     elseif keep > 0 then
       redis.call('PEXPIRE', x.k, keep)
     end
   end
 end
 local count_next = -1 -- not asked
-if want_next > 0 or sw or ctr[idx + 1] then count_next = used(idx + 1) end
+if want_next > 0 or sw or ctr[1] then count_next = used(idx + 1) end
 return {idx, now, reset, grant, used(idx), retry, grant_next, count_next, resent and 2 or 0}
