@@ -1,0 +1,38 @@
+// Package config reads ratelimitd's rules: the YAML format of
+// envoyproxy/ratelimit, as is, plus a few extensions of ratelimitd's own.
+//
+// A file holds one domain and a tree of descriptors:
+//
+//	domain: messaging
+//	descriptors:
+//	  - key: message_type
+//	    value: marketing
+//	    descriptors:
+//	      - key: to_number
+//	        rate_limit: {unit: day, requests_per_unit: 5}
+//	  - key: to_number
+//	    rate_limit: {unit: day, requests_per_unit: 100, mode: exact}
+//
+// Every field envoyproxy/ratelimit reads is read with its meaning there:
+// key, value (a trailing, middle or repeated '*' is a wildcard),
+// rate_limit {unit, requests_per_unit, unlimited, name, replaces},
+// shadow_mode, quota_mode, detailed_metric, value_to_metric,
+// share_threshold, metadata (accepted, not used) and nested descriptors.
+// The extensions live in the rate_limit block: algorithm (fixed_window, the
+// default, or sliding_window; exact mode also takes sliding_log, token_bucket
+// and gcra), mode (strict, optimistic or exact) and failure_mode (local, open
+// or closed). A rule that does not name them gets the Defaults given to
+// Parse.
+//
+// Matching follows envoyproxy/ratelimit: at each level of a request's
+// descriptor, an entry matches the descriptor with the same key and value
+// first, then the first wildcard value that matches, then the descriptor
+// with the key alone; a rule applies only when the request has exactly as
+// many entries as the rule is deep.
+//
+// Parse checks everything before anything is used: an unknown field, a value
+// of the wrong type, an unknown unit, a duplicate descriptor or domain, a
+// limit too large to count exactly, all are errors that name the file, the
+// line and the field (see Error). A Config is immutable once made and safe
+// for concurrent use.
+package config
