@@ -1,0 +1,412 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+)
+
+// Names of the response headers added when Options.ResponseHeaders is set.
+const (
+	HeaderLimit     = "RateLimit-Limit"
+	HeaderRemaining = "RateLimit-Remaining"
+	HeaderReset     = "RateLimit-Reset"
+)
+
+// ShouldRateLimit decides a request: one status per descriptor and the
+// overall code. It returns an InvalidArgument status for an empty domain,
+// no descriptor, or a descriptor asking for negative hits (refills are not
+// supported); NotFound for an unknown domain; Unavailable before the first
+// Apply and after Close; the context's status when the caller gives up.
+// Redis being slow or down is not an error: the rule's failure mode
+// decides within the timeout.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	start := time.Now()
+	resp, err := s.decide(ctx, req)
+	s.m.latency.Observe(time.Since(start).Seconds())
+	switch {
+	case err != nil:
+		s.m.requests.WithLabelValues("error").Inc()
+	case resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT:
+		s.m.requests.WithLabelValues("over_limit").Inc()
+	default:
+		s.m.requests.WithLabelValues("ok").Inc()
+	}
+	return resp, err
+}
+
+// item is one descriptor of a request on its way to a status.
+type item struct {
+	desc   *rlcommon.RateLimitDescriptor
+	hits   uint64
+	rs     *ruleState // the config rule counted against; nil for none
+	ovr    *override  // the request's own limit, instead of rs
+	label  string     // rule label of a decision (rs's static one when "")
+	shared []string   // share_threshold patterns, by entry
+	call   bool       // a limiter must decide
+	key    string     // the key the limiter counts it under
+	dec    ratelimit.Decision
+	err    error
+	result int
+	status *pb.RateLimitResponse_DescriptorStatus
+}
+
+func (it *item) rule() *config.Rule {
+	switch {
+	case it.ovr != nil:
+		return it.ovr.rule
+	case it.rs != nil:
+		return it.rs.rule
+	}
+	return nil
+}
+
+func (it *item) ent() *entry {
+	if it.ovr != nil {
+		return it.ovr.ent
+	}
+	return it.rs.ent
+}
+
+func (it *item) limitPB() *pb.RateLimitResponse_RateLimit {
+	if it.ovr != nil {
+		return it.ovr.limit
+	}
+	return it.rs.limit
+}
+
+func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, "the domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "a request needs at least one descriptor")
+	}
+	snap, shard := s.enter()
+	if snap == nil {
+		return nil, status.Error(codes.Unavailable, "no configuration loaded")
+	}
+	defer snap.inflight.leave(shard)
+	if s.shut.Load() {
+		return nil, status.Error(codes.Unavailable, "shutting down")
+	}
+	dom := snap.cfg.Domain(req.Domain)
+	if dom == nil {
+		return nil, status.Errorf(codes.NotFound, "unknown domain %q", req.Domain)
+	}
+	items := make([]item, len(descs))
+	var replaced []string
+	for i, d := range descs {
+		it := &items[i]
+		it.desc = d
+		if d.GetIsNegativeHits() {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: is_negative_hits (giving hits back) is not supported", i)
+		}
+		it.hits = hitsOf(req, d)
+		if o := d.GetLimit(); o != nil {
+			ov, err := s.override(o)
+			if err != nil {
+				return nil, err
+			}
+			it.ovr = ov
+			continue
+		}
+		m := config.Lookup(dom, d.GetEntries())
+		if m.Rule == nil {
+			continue
+		}
+		it.rs, it.shared = &snap.rules[m.Rule.ID], m.Shared
+		if m.Label != m.Rule.Path {
+			it.label = m.Label
+		}
+		replaced = append(replaced, m.Rule.Replaces...)
+	}
+	if len(replaced) > 0 { // a replaced rule is not evaluated
+		for i := range items {
+			if r := items[i].rule(); r != nil && items[i].ovr == nil && r.Name != "" && slices.Contains(replaced, r.Name) {
+				items[i].rs = nil
+			}
+		}
+	}
+	calls := 0
+	for i := range items {
+		if s.prepare(req.Domain, &items[i]) {
+			calls++
+		}
+	}
+	if calls > 0 {
+		s.count(ctx, items, calls)
+	}
+	return s.respond(req.Domain, items)
+}
+
+// hitsOf is a descriptor's hits: its own hits_addend when set, else the
+// request's, 0 meaning 1 in both.
+func hitsOf(req *pb.RateLimitRequest, d *rlcommon.RateLimitDescriptor) uint64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return max(1, h.GetValue())
+	}
+	return uint64(max(1, req.GetHitsAddend()))
+}
+
+// prepare answers the items no limiter needs to decide, and reports
+// whether it needs one.
+func (s *Service) prepare(domain string, it *item) bool {
+	r := it.rule()
+	switch {
+	case r == nil:
+		it.status = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+		it.result = -1
+		return false
+	case r.Unlimited:
+		it.status = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+		it.result = resultUnlimited
+		return false
+	case r.RequestsPerUnit == 0 || it.hits > uint64(r.RequestsPerUnit):
+		// Nothing can be admitted: requests_per_unit 0 denies everything,
+		// and more hits than the limit could never fit in a window.
+		it.dec = ratelimit.Decision{ResetAfter: untilWindowEnd(r.Unit.Duration())}
+		it.call = false
+		return false
+	}
+	it.call = true
+	it.key = counterKey(domain, it.desc.GetEntries(), it.shared)
+	return true
+}
+
+func untilWindowEnd(p time.Duration) time.Duration {
+	if p <= 0 {
+		return 0
+	}
+	now := time.Now().UnixNano()
+	return time.Duration(int64(p) - now%int64(p))
+}
+
+// count runs the limiters of the items that need one. Items counted under
+// the same key run in request order, one after the other, as
+// envoyproxy/ratelimit's pipeline would; distinct keys run concurrently,
+// so that a request waits about one Redis timeout at most whatever its
+// number of descriptors.
+func (s *Service) count(ctx context.Context, items []item, calls int) {
+	if calls == 1 {
+		for i := range items {
+			if items[i].call {
+				s.allow(ctx, &items[i])
+			}
+		}
+		return
+	}
+	// next[i] chains the items of one key: the first of each chain runs
+	// the chain.
+	next := make([]int, len(items))
+	follower := make([]bool, len(items))
+	for i := range items {
+		next[i] = -1
+		if !items[i].call {
+			continue
+		}
+		for j := i - 1; j >= 0; j-- {
+			if items[j].call && items[j].ent() == items[i].ent() && items[j].key == items[i].key {
+				next[j], follower[i] = i, true
+				break
+			}
+		}
+	}
+	chain := func(i int) {
+		for ; i >= 0; i = next[i] {
+			s.allow(ctx, &items[i])
+		}
+	}
+	var wg sync.WaitGroup
+	first := -1
+	for i := range items {
+		if !items[i].call || follower[i] {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		wg.Go(func() { chain(i) })
+	}
+	chain(first)
+	wg.Wait()
+}
+
+// allow asks the item's limiter.
+func (s *Service) allow(ctx context.Context, it *item) {
+	it.dec, it.err = it.ent().lim.AllowN(ctx, it.key, int(it.hits))
+}
+
+// counterKey is the key a descriptor is counted under in its rule's
+// limiter: the domain and every entry, a share_threshold wildcard standing
+// for the value it matched. '|', '=' and '\' are escaped so that distinct
+// descriptors never share a key.
+func counterKey(domain string, entries []*rlcommon.RateLimitDescriptor_Entry, shared []string) string {
+	n := len(domain)
+	for _, e := range entries {
+		n += 2 + len(e.GetKey()) + len(e.GetValue())
+	}
+	var b strings.Builder
+	b.Grow(n + 8)
+	escape(&b, domain)
+	for i, e := range entries {
+		v := e.GetValue()
+		if shared != nil && shared[i] != "" {
+			v = shared[i]
+		}
+		b.WriteByte('|')
+		escape(&b, e.GetKey())
+		b.WriteByte('=')
+		escape(&b, v)
+	}
+	return b.String()
+}
+
+func escape(b *strings.Builder, s string) {
+	if !strings.ContainsAny(s, `|=\`) {
+		b.WriteString(s)
+		return
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '|' || c == '=' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+}
+
+// respond turns the decided items into the response, counts them in the
+// metrics, and adds the headers.
+func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, error) {
+	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(items))}
+	overRate, overQuota, quota := 0, 0, 0
+	var closest *pb.RateLimitResponse_DescriptorStatus
+	for i := range items {
+		it := &items[i]
+		if it.status == nil { // counted, or denied without counting
+			switch err := it.err; {
+			case errors.Is(err, ratelimit.ErrInvalidN):
+				// more hits than the fallback's share can ever admit
+				it.dec = ratelimit.Decision{ResetAfter: untilWindowEnd(it.rule().Unit.Duration())}
+			case err != nil:
+				return nil, decisionError(err)
+			}
+			it.status = s.statusOf(it)
+		}
+		resp.Statuses[i] = it.status
+		r := it.rule()
+		if r == nil {
+			continue
+		}
+		s.record(domain, it)
+		if r.Unlimited {
+			continue
+		}
+		if r.QuotaMode {
+			quota++
+		}
+		st := it.status
+		if s.opts.ResponseHeaders && (closest == nil || st.LimitRemaining < closest.LimitRemaining) {
+			closest = st
+		}
+		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
+			if r.QuotaMode {
+				overQuota++
+			} else {
+				overRate++
+				closest = st
+			}
+		}
+	}
+	// OVER_LIMIT when a rate-limit descriptor is over, or every quota one is.
+	if overRate > 0 || (quota > 0 && overQuota == quota) {
+		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+	} else {
+		resp.OverallCode = pb.RateLimitResponse_OK
+	}
+	if closest != nil {
+		resp.ResponseHeadersToAdd = []*core.HeaderValue{
+			{Key: HeaderLimit, Value: strconv.FormatUint(uint64(closest.CurrentLimit.GetRequestsPerUnit()), 10)},
+			{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(closest.LimitRemaining), 10)},
+			{Key: HeaderReset, Value: strconv.FormatInt(closest.DurationUntilReset.GetSeconds(), 10)},
+		}
+	}
+	return resp, nil
+}
+
+// statusOf is the status of an item a limiter decided, or that was denied
+// without one.
+func (s *Service) statusOf(it *item) *pb.RateLimitResponse_DescriptorStatus {
+	r := it.rule()
+	st := &pb.RateLimitResponse_DescriptorStatus{
+		CurrentLimit:       it.limitPB(),
+		DurationUntilReset: durationpb.New(ceilSecond(it.dec.ResetAfter, it.dec.RetryAfter)),
+	}
+	switch {
+	case it.dec.Allowed:
+		st.Code = pb.RateLimitResponse_OK
+		st.LimitRemaining = uint32(min(max(it.dec.Remaining, 0), math.MaxUint32))
+		it.result = resultOK
+	case r.ShadowMode:
+		st.Code = pb.RateLimitResponse_OK
+		it.result = resultShadow
+	default:
+		st.Code = pb.RateLimitResponse_OVER_LIMIT
+		it.result = resultOverLimit
+	}
+	return st
+}
+
+// ceilSecond is the time until reset in whole seconds, rounded up, as
+// envoyproxy/ratelimit reports it (never 0 for a counted limit).
+func ceilSecond(reset, retry time.Duration) time.Duration {
+	d := max(reset, retry)
+	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
+}
+
+func (s *Service) record(domain string, it *item) {
+	if it.result < 0 {
+		return
+	}
+	if it.label == "" && it.ovr == nil && it.rs.hits != nil {
+		it.rs.ctr[it.result].Inc()
+		it.rs.hits.Add(float64(it.hits))
+		return
+	}
+	label := it.label
+	switch {
+	case it.ovr != nil:
+		label = overrideLabel(it.desc)
+	case label == "":
+		label = it.rs.rule.Path
+	}
+	s.m.decisions.WithLabelValues(domain, label, resultNames[it.result]).Inc()
+	s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
+}
+
+func decisionError(err error) error {
+	switch {
+	case errors.Is(err, ratelimit.ErrClosed):
+		return status.Error(codes.Unavailable, "shutting down")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Errorf(codes.Unavailable, "cannot decide: %v", err)
+}

@@ -1,0 +1,42 @@
+// Package service answers rate-limit requests (Envoy's RLS v3
+// ShouldRateLimit, over gRPC or as JSON over HTTP) from the rules of a
+// config.Config, with the hybrid limiter (modes strict and optimistic) or the
+// global one (mode exact) of github.com/hybridlimit/ratelimit.
+//
+// # Limiters
+//
+// A Service keeps one limiter per distinct (mode, algorithm, limit, failure
+// mode) and counts every rule of that kind in it, under a key made of the
+// domain and the request's descriptor entries, as envoyproxy/ratelimit keys
+// its counters. Each such limiter has a Redis key prefix of its own
+// (<prefix>:<algorithm>:<rate>:<period>:<mode>-<failure mode>), because a
+// hybrid limiter registers as one instance of its prefix's fleet: one
+// limiter per prefix per process keeps the fleet size each instance learns
+// equal to the number of processes. Strict and exact rules of the same limit
+// share a prefix, so a rule moved between the two keeps its counts.
+//
+// # Reload
+//
+// Apply installs a new Config atomically: a request sees the old rules or
+// the new ones, never a mix, and never waits for a reload. Limiters the new
+// rules still use are kept with their state (their leases and counts);
+// limiters no rule uses any more are closed, giving their leases back; a
+// limiter still used but by fewer rules is flushed, so the removed rules'
+// leases go back too. A request that raced with a reload and met a closed
+// limiter is decided again against the new rules.
+//
+// # Decisions
+//
+// Each descriptor of a request is matched, counted and answered as
+// envoyproxy/ratelimit does (see docs/ratelimitd.md for the differences):
+// the request is OVER_LIMIT when any descriptor is, shadow_mode turns a
+// rule's OVER_LIMIT into OK, quota_mode descriptors make the request
+// OVER_LIMIT only when all of them are, replaces drops the rules it names,
+// unlimited rules answer OK without counting, and requests_per_unit 0 denies
+// every request. A hits_addend above the limit can never be admitted and is
+// answered OVER_LIMIT without a Redis call. When a request has several
+// descriptors to count, they are counted concurrently, so a request waits
+// for Redis at most about one timeout, however many descriptors it has.
+//
+// A Service is safe for concurrent use.
+package service

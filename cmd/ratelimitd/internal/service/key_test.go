@@ -1,0 +1,68 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+)
+
+func entries(kv ...string) []*rlcommon.RateLimitDescriptor_Entry {
+	var out []*rlcommon.RateLimitDescriptor_Entry
+	for i := 0; i+1 < len(kv); i += 2 {
+		out = append(out, &rlcommon.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return out
+}
+
+// TestCounterKey: distinct descriptors never share a counter, however their
+// keys and values are spelled; a share_threshold pattern stands for the
+// value it matched.
+func TestCounterKey(t *testing.T) {
+	distinct := [][2]any{
+		{"d", entries("a_b", "c")}, {"d", entries("a", "b_c")},
+		{"d", entries("a", "b|c=d")}, {"d", entries("a", "b", "c", "d")},
+		{"d", entries("a=b", "c")}, {"d", entries("a", "b=c")},
+		{"d|a=b", entries()}, {"d", entries("a", "b")},
+		{`d\`, entries("a", "b")}, {"d", entries(`\a`, "b")},
+		{"d", entries("a", "")}, {"d", entries("a", "", "", "")},
+	}
+	seen := map[string]int{}
+	for i, c := range distinct {
+		k := counterKey(c[0].(string), c[1].([]*rlcommon.RateLimitDescriptor_Entry), nil)
+		if j, dup := seen[k]; dup {
+			t.Fatalf("descriptors %d and %d share the key %q", j, i, k)
+		}
+		seen[k] = i
+	}
+	a := counterKey("d", entries("files", "files/a.pdf"), []string{"files/*"})
+	b := counterKey("d", entries("files", "files/b.csv"), []string{"files/*"})
+	if a != b || a != "d|files=files/*" {
+		t.Fatalf("shared threshold keys %q and %q", a, b)
+	}
+}
+
+// TestSignaturePrefix: one prefix per kind of limiter; strict and exact of
+// the same limit share theirs (and so their counts), optimistic does not.
+func TestSignaturePrefix(t *testing.T) {
+	r := &config.Rule{RequestsPerUnit: 100, Unit: config.Minute, Algorithm: ratelimit.FixedWindow}
+	strict := signatureOf(r).prefix("p")
+	r.Mode = config.Exact
+	exact := signatureOf(r).prefix("p")
+	r.Mode = config.Optimistic
+	optimistic := signatureOf(r).prefix("p")
+	r.Mode, r.RequestsPerUnit = config.Strict, 101
+	other := signatureOf(r).prefix("p")
+	if strict != exact || strict == optimistic || strict == other || strict != "p:fw:100:60000ms:s-local" {
+		t.Fatalf("prefixes strict %q exact %q optimistic %q 101 %q", strict, exact, optimistic, other)
+	}
+	if got := signatureOf(r).String(); got != "strict fixed_window 101/60s local" {
+		t.Fatalf("signature %q", got)
+	}
+	if ceilSecond(1500*time.Millisecond, 0) != 2*time.Second || ceilSecond(0, 0) != time.Second || ceilSecond(time.Minute, 0) != time.Minute {
+		t.Fatal("ceilSecond")
+	}
+}

@@ -1,0 +1,322 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+)
+
+// Defaults of Options.
+const (
+	DefaultPrefix       = "ratelimitd"
+	DefaultTimeout      = 100 * time.Millisecond
+	DefaultMaxOverrides = 64
+)
+
+// Options configure a Service. Client is required; the zero value of every
+// other field is its default.
+type Options struct {
+	// Client is the Redis client every limiter uses (standalone, Sentinel or
+	// Cluster). The Service adds a hook to it that counts round trips; the
+	// caller closes it after Close.
+	Client redis.UniversalClient
+	// Prefix starts every Redis key (default "ratelimitd"); it must not hold
+	// '{' or '}'.
+	Prefix string
+	// Timeout bounds every wait on Redis of a decision (default 100ms).
+	Timeout time.Duration
+	// SyncInterval is the hybrid limiters' sync interval (0: the library's
+	// default).
+	SyncInterval time.Duration
+	// Instances fixes the fleet size; 0 lets the hybrid limiters learn it from
+	// heartbeats. Exact rules with failure mode local admit Rate / Instances
+	// (Rate when 0) per window while Redis is unreachable.
+	Instances int
+	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's
+	// default).
+	MaxKeys int
+	// MaxOverrides bounds the distinct limits requests may set with a
+	// descriptor's limit override (default 64).
+	MaxOverrides int
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset to each response, for the descriptor closest to its
+	// limit (as envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
+	ResponseHeaders bool
+	// Defaults are the mode, algorithm and failure mode of limit overrides
+	// sent in requests (those of config rules come from the Config).
+	Defaults config.Defaults
+	// Logger receives the service's logs (default: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Service answers ShouldRateLimit. Make it with New, give it rules with
+// Apply, and Close it to give every lease back.
+type Service struct {
+	pb.UnimplementedRateLimitServiceServer
+
+	opts       Options
+	log        *slog.Logger
+	snap       atomic.Pointer[snapshot]
+	roundTrips atomic.Uint64
+	m          *metrics
+	overrides  sync.Map // overrideKey -> *override
+
+	shut       atomic.Bool   // Close has begun: decisions are refused
+	stop       chan struct{} // closed by Close: retirements stop waiting
+	mu         sync.Mutex    // guards the fields below; never held by a decision
+	pool       map[signature]*entry
+	closing    map[*entry]bool
+	retired    retired
+	nOverride  int
+	closed     bool
+	lastRetire chan struct{}  // closed when the last reload's retirement is done
+	bg         sync.WaitGroup // retirements and flushes after a reload
+}
+
+// drainBound bounds the wait for the decisions in progress on a replaced
+// snapshot (each waits on Redis one timeout at most).
+const drainBound = 30 * time.Second
+
+// snapshot is the rules in force and the limiters they count in. It never
+// changes once published.
+type snapshot struct {
+	cfg      *config.Config
+	rules    []ruleState // indexed by config.Rule.ID
+	inflight inflight
+}
+
+type ruleState struct {
+	rule  *config.Rule
+	ent   *entry                          // nil: unlimited, or requests_per_unit 0
+	limit *pb.RateLimitResponse_RateLimit // current_limit of every status; shared, never modified
+	ctr   [nResults]prometheus.Counter    // decisions by result, under the rule's static label
+	hits  prometheus.Counter
+}
+
+// New returns a Service with no rules: it answers Unavailable until Apply.
+func New(opts Options) (*Service, error) {
+	if opts.Client == nil {
+		return nil, errors.New("service: a Redis client is required")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("service: the prefix %q must not hold '{' or '}'", opts.Prefix)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxOverrides <= 0 {
+		opts.MaxOverrides = DefaultMaxOverrides
+	}
+	if opts.Instances < 0 || opts.MaxKeys < 0 || opts.SyncInterval < 0 {
+		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Service{opts: opts, log: opts.Logger, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
+	s.m = newMetrics(s)
+	opts.Client.AddHook(countHook{&s.roundTrips})
+	return s, nil
+}
+
+// Registry returns the Prometheus registry of the service's metrics.
+func (s *Service) Registry() *prometheus.Registry { return s.m.reg }
+
+// RoundTrips returns the Redis round trips made on the service's client
+// since New (a command or a pipeline each).
+func (s *Service) RoundTrips() uint64 { return s.roundTrips.Load() }
+
+// Loaded reports whether rules are in force.
+func (s *Service) Loaded() bool { return s.snap.Load() != nil }
+
+// Ready reports why the service cannot answer as it should, or nil: rules
+// must be loaded and Redis must answer a PING within the timeout.
+func (s *Service) Ready(ctx context.Context) error {
+	if !s.Loaded() {
+		return errors.New("no configuration loaded")
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, 250*time.Millisecond))
+	defer cancel()
+	if err := s.opts.Client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis unreachable: %w", err)
+	}
+	return nil
+}
+
+// Apply puts cfg in force (see the package documentation). It fails, with
+// the rules in force unchanged, only if a limiter cannot be made.
+func (s *Service) Apply(cfg *config.Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ratelimit.ErrClosed
+	}
+	old := s.snap.Load()
+	snap := &snapshot{cfg: cfg, rules: make([]ruleState, len(cfg.Rules))}
+	used := map[signature]bool{}
+	var made []*entry
+	for i, r := range cfg.Rules {
+		rs := &snap.rules[i]
+		rs.rule = r
+		if !r.ValuesInLabel {
+			for res := range nResults {
+				rs.ctr[res] = s.m.decisions.WithLabelValues(r.Domain, r.Path, resultNames[res])
+			}
+			rs.hits = s.m.hits.WithLabelValues(r.Domain, r.Path)
+		}
+		if r.Unlimited {
+			continue
+		}
+		rs.limit = &pb.RateLimitResponse_RateLimit{
+			Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit),
+		}
+		if r.RequestsPerUnit == 0 {
+			continue
+		}
+		sig := signatureOf(r)
+		e := s.pool[sig]
+		if e == nil {
+			var err error
+			if e, err = s.newEntry(sig); err != nil {
+				for _, m := range made { // no decision has seen them
+					delete(s.pool, m.sig)
+					s.closing[m] = true
+					s.bg.Go(func() { s.closeEntry(m) })
+				}
+				return fmt.Errorf("%s:%d: %w", r.File, r.Line, err)
+			}
+			s.pool[sig] = e
+			made = append(made, e)
+		}
+		used[sig] = true
+		rs.ent = e
+	}
+	s.snap.Store(snap)
+	s.m.rules.Set(float64(len(cfg.Rules)))
+
+	var retire []*entry
+	for sig, e := range s.pool {
+		if !used[sig] && !e.pinned {
+			delete(s.pool, sig)
+			s.closing[e] = true
+			retire = append(retire, e)
+		}
+	}
+	if old != nil {
+		s.afterReload(old, snap)
+		s.retire(old, retire)
+	}
+	return nil
+}
+
+// retire closes the limiters no rule uses any more, once no decision in
+// progress can reach them: every decision on old and on the snapshots
+// before it (the previous retirement) has finished.
+func (s *Service) retire(old *snapshot, ents []*entry) {
+	prev, done := s.lastRetire, make(chan struct{})
+	s.lastRetire = done
+	s.bg.Go(func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		if !old.inflight.waitIdle(drainBound, s.stop) {
+			s.log.Warn("decisions still in progress on replaced rules; closing their limiters anyway", "after", drainBound.String())
+		}
+		for _, e := range ents {
+			s.closeEntry(e)
+		}
+	})
+}
+
+// afterReload flushes the limiters still in use that counted rules now gone
+// (or counted elsewhere), and drops the metric series of rules gone.
+func (s *Service) afterReload(old, cur *snapshot) {
+	type placed struct {
+		ident string
+		ent   *entry
+	}
+	now := map[placed]bool{}
+	labels := map[[2]string]bool{}
+	for _, rs := range cur.rules {
+		now[placed{rs.rule.Ident, rs.ent}] = true
+		labels[[2]string{rs.rule.Domain, rs.rule.Path}] = true
+	}
+	flush := map[*entry]bool{}
+	for _, rs := range old.rules {
+		if rs.ent != nil && !now[placed{rs.rule.Ident, rs.ent}] && s.pool[rs.ent.sig] == rs.ent {
+			flush[rs.ent] = true
+		}
+		if !labels[[2]string{rs.rule.Domain, rs.rule.Path}] {
+			for _, res := range resultNames {
+				s.m.decisions.DeleteLabelValues(rs.rule.Domain, rs.rule.Path, res)
+			}
+			s.m.hits.DeleteLabelValues(rs.rule.Domain, rs.rule.Path)
+		}
+	}
+	for e := range flush {
+		s.bg.Go(func() { s.flushEntry(e) })
+	}
+}
+
+// ReloadResult records the outcome of a configuration load in the metrics:
+// err nil for a success.
+func (s *Service) ReloadResult(err error) {
+	if err != nil {
+		s.m.reloads.WithLabelValues("error").Inc()
+		s.m.reloadOK.Set(0)
+		return
+	}
+	s.m.reloads.WithLabelValues("success").Inc()
+	s.m.reloadOK.Set(1)
+	s.m.reloadAt.SetToCurrentTime()
+}
+
+// Close closes every limiter, giving their leases back, and waits for
+// every goroutine the Service started. Decisions after Close fail with
+// Unavailable. It returns the first error of a limiter's final flush.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.shut.Store(true)
+	ents := make([]*entry, 0, len(s.pool))
+	for _, e := range s.pool {
+		ents = append(ents, e)
+		s.closing[e] = true
+	}
+	s.pool = map[signature]*entry{}
+	s.mu.Unlock()
+	// Decisions that entered before shut was set finish first; later ones
+	// see it and are refused.
+	if snap := s.snap.Load(); snap != nil && !snap.inflight.waitIdle(drainBound, nil) {
+		s.log.Warn("decisions still in progress at Close; closing the limiters anyway", "after", drainBound.String())
+	}
+	close(s.stop)
+	s.bg.Wait()
+	errs := make([]error, len(ents))
+	var wg sync.WaitGroup
+	for i, e := range ents {
+		wg.Go(func() { errs[i] = s.closeEntry(e) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
