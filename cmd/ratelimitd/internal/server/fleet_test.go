@@ -1,0 +1,96 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+const fleetConfig = `
+domain: fleet
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 100, mode: exact}
+`
+
+// TestFleetStrict: three ratelimitd, each with its own Redis client and
+// limiters, on one Redis, hammered on the same keys: per key and window
+// they never admit more than the limit together, they learn that they are
+// three, and once they have stopped (giving their leases back) a fourth
+// finds exactly the rest of the quota: nothing over, nothing lost.
+func TestFleetStrict(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"fleet.yaml": fleetConfig})
+	for _, kind := range []string{"user", "client"} { // strict, exact
+		t.Run(kind, func(t *testing.T) {
+			inOneWindow(t, time.Minute, 15*time.Second, func(s *soft, sfx string) {
+				prefix := "fleet-" + sfx
+				var fleet []*daemon
+				for range 3 {
+					fleet = append(fleet, start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = prefix }))
+				}
+				keys := []string{"k0", "k1", "k2", "k3", "k4"}
+				var allowed [5]atomic.Int64
+				var calls atomic.Int64
+				var wg sync.WaitGroup
+				stop := time.Now().Add(1500 * time.Millisecond)
+				for di, d := range fleet {
+					for w := range 4 {
+						wg.Go(func() {
+							for i := di*4 + w; time.Now().Before(stop); i++ {
+								k := i % len(keys)
+								ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+								r, err := d.rls.ShouldRateLimit(ctx, rq("fleet", desc(kind, keys[k])))
+								cancel()
+								if err != nil {
+									t.Errorf("daemon %d: %v", di, err)
+									return
+								}
+								calls.Add(1)
+								if r.OverallCode == ok {
+									allowed[k].Add(1)
+								}
+							}
+						})
+					}
+				}
+				wg.Wait()
+				if kind == "user" {
+					v, _ := metric(scrape(t, fleet[0]), "ratelimit_instances")
+					s.expect("instances learned by each hybrid limiter", v, 3.0)
+				}
+				var trips uint64
+				for _, d := range fleet {
+					trips += d.srv.Service().RoundTrips()
+					if err := d.stop(); err != nil {
+						t.Errorf("stop: %v", err)
+					}
+				}
+				t.Logf("%s: %d calls, allowed per key %d %d %d %d %d, %.1f Redis round trips per 1,000 calls",
+					kind, calls.Load(), allowed[0].Load(), allowed[1].Load(), allowed[2].Load(), allowed[3].Load(), allowed[4].Load(),
+					1000*float64(trips)/float64(calls.Load()))
+				last := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = prefix })
+				for k, key := range keys {
+					a := allowed[k].Load()
+					s.expect(fmt.Sprintf("key %s: admitted by the fleet at most the limit", key), a <= 100, true)
+					s.expect(fmt.Sprintf("key %s: hammered past its limit", key), calls.Load()/5 > 100, true)
+					rest := 0
+					for ; rest <= 100; rest++ {
+						if codes(last.call(t, rq("fleet", desc(kind, key)))) != "OK:OK" {
+							break
+						}
+					}
+					s.expect(fmt.Sprintf("key %s: what the fleet admitted + what is left", key), int(a)+rest, 100)
+				}
+			})
+		})
+	}
+}
