@@ -89,6 +89,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.IntVar(&o.Instances, "instances", 0, "number of ratelimitd processes sharing the quota (0: learned from heartbeats in Redis)")
 	fs.IntVar(&o.MaxKeys, "max-keys", 0, "keys each hybrid limiter keeps in memory (0: the library's default, 100,000)")
 	fs.BoolVar(&o.ResponseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to every response")
+	fs.BoolVar(&o.ShadowMode, "shadow-mode", false, "answer OK whatever the decisions, counting and measuring everything (like envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.IntVar(&o.DenyStatus, "deny-status", server.DefaultDenyStatus, "HTTP status of an OVER_LIMIT answer of /v1/check (e.g. 403 for nginx auth_request)")
 	fs.DurationVar(&o.WatchInterval, "watch-interval", server.DefaultWatchInterval, "how often the configuration files are checked for changes (negative: never)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", server.DefaultDrainTimeout, "at shutdown, how long calls in flight may take to finish")

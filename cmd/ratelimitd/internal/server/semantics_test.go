@@ -184,6 +184,17 @@ func TestDescriptorSemantics(t *testing.T) {
 		})
 	})
 
+	t.Run("global shadow mode", func(t *testing.T) {
+		inOneWindow(t, time.Minute, 5*time.Second, func(s *soft, sfx string) {
+			d := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix, o.ShadowMode = "t-"+sfx, true })
+			req := rq("sem", desc("b", "x"), desc("big", "x"))
+			s.expect("within", codes(drive(t, d, req, 3)), "OK:OK,OK")
+			s.expect("over, answered OK; the statuses tell", codes(d.call(t, req)), "OK:OVER_LIMIT,OK")
+			v, _ := metric(scrape(t, d), "ratelimit_shadow_overrides_total")
+			s.expect("overrides counted", v, 1.0)
+		})
+	})
+
 	t.Run("bad requests", func(t *testing.T) {
 		d := start(t, redis.Addr(), dir, nil)
 		neg := desc("a", "x")

@@ -65,6 +65,7 @@ type Options struct {
 	Instances       int           // fleet size; 0: learned
 	MaxKeys         int           // keys per hybrid limiter (0: the library's)
 	ResponseHeaders bool          // add RateLimit-* headers to responses
+	ShadowMode      bool          // answer OK whatever the decisions
 	DenyStatus      int           // HTTP status of an OVER_LIMIT /v1/check (default 429)
 	WatchInterval   time.Duration // how often the files are checked for changes (default 500ms; < 0: never)
 	DrainTimeout    time.Duration // bound on finishing in-flight calls at shutdown (default 10s)
@@ -135,7 +136,7 @@ func New(opts Options) (srv *Server, err error) {
 	}
 	s.svc, err = service.New(service.Options{
 		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
-		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders,
+		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
 		Defaults: opts.Defaults, Logger: s.log,
 	})
 	if err != nil {

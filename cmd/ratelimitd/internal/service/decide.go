@@ -41,11 +41,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	s.m.latency.Observe(time.Since(start).Seconds())
 	switch {
 	case err != nil:
-		s.m.requests.WithLabelValues("error").Inc()
+		s.m.reqErr.Inc()
 	case resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT:
-		s.m.requests.WithLabelValues("over_limit").Inc()
+		s.m.reqOver.Inc()
 	default:
-		s.m.requests.WithLabelValues("ok").Inc()
+		s.m.reqOK.Inc()
 	}
 	return resp, err
 }
@@ -336,10 +336,13 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 		}
 	}
 	// OVER_LIMIT when a rate-limit descriptor is over, or every quota one is.
+	resp.OverallCode = pb.RateLimitResponse_OK
 	if overRate > 0 || (quota > 0 && overQuota == quota) {
-		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
-	} else {
-		resp.OverallCode = pb.RateLimitResponse_OK
+		if s.opts.ShadowMode {
+			s.m.shadowed.Inc()
+		} else {
+			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		}
 	}
 	if closest != nil {
 		resp.ResponseHeadersToAdd = []*core.HeaderValue{

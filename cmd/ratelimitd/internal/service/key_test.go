@@ -56,7 +56,7 @@ func TestSignaturePrefix(t *testing.T) {
 	optimistic := signatureOf(r).prefix("p")
 	r.Mode, r.RequestsPerUnit = config.Strict, 101
 	other := signatureOf(r).prefix("p")
-	if strict != exact || strict == optimistic || strict == other || strict != "p:fw:100:60000ms:s-local" {
+	if strict != exact || strict == optimistic || strict == other || strict != "p:fixed_window:100:60000ms:s-local" {
 		t.Fatalf("prefixes strict %q exact %q optimistic %q 101 %q", strict, exact, optimistic, other)
 	}
 	if got := signatureOf(r).String(); got != "strict fixed_window 101/60s local" {

@@ -44,22 +44,8 @@ func (s signature) prefix(base string) string {
 	if s.mode == config.Optimistic {
 		m = "o"
 	}
-	return base + ":" + algTag(s.alg) + ":" + strconv.Itoa(s.rate) + ":" +
+	return base + ":" + config.AlgorithmName(s.alg) + ":" + strconv.Itoa(s.rate) + ":" +
 		strconv.FormatInt(int64(s.period/time.Millisecond), 10) + "ms:" + m + "-" + s.failure.String()
-}
-
-func algTag(a ratelimit.Algorithm) string {
-	switch a {
-	case ratelimit.FixedWindow:
-		return "fw"
-	case ratelimit.SlidingWindow:
-		return "sw"
-	case ratelimit.SlidingLog:
-		return "sl"
-	case ratelimit.TokenBucket:
-		return "tb"
-	}
-	return "gcra"
 }
 
 // entry is one limiter of the pool.

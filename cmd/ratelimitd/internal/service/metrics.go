@@ -18,15 +18,17 @@ const (
 var resultNames = [nResults]string{"ok", "over_limit", "shadow_over_limit", "unlimited"}
 
 type metrics struct {
-	reg       *prometheus.Registry
-	decisions *prometheus.CounterVec // domain, rule, result
-	hits      *prometheus.CounterVec // domain, rule
-	requests  *prometheus.CounterVec // code
-	latency   prometheus.Histogram
-	reloads   *prometheus.CounterVec // result
-	reloadOK  prometheus.Gauge
-	reloadAt  prometheus.Gauge
-	rules     prometheus.Gauge
+	reg                    *prometheus.Registry
+	decisions              *prometheus.CounterVec // domain, rule, result
+	hits                   *prometheus.CounterVec // domain, rule
+	requests               *prometheus.CounterVec // code
+	reqOK, reqOver, reqErr prometheus.Counter
+	latency                prometheus.Histogram
+	reloads                *prometheus.CounterVec // result
+	reloadOK               prometheus.Gauge
+	reloadAt               prometheus.Gauge
+	rules                  prometheus.Gauge
+	shadowed               prometheus.Counter
 }
 
 // retired holds the counters of limiters closed since the start, so that
@@ -71,13 +73,15 @@ func newMetrics(s *Service) *metrics {
 			Name: "ratelimit_config_rules",
 			Help: "Rules (rate_limit blocks) in force.",
 		}),
+		shadowed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratelimit_shadow_overrides_total",
+			Help: "Calls over the limit answered OK because the service runs in shadow mode.",
+		}),
 	}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
-	for _, c := range []string{"ok", "over_limit", "error"} {
-		m.requests.WithLabelValues(c)
-	}
-	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules,
+	m.reqOK, m.reqOver, m.reqErr = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit"), m.requests.WithLabelValues("error")
+	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_redis_round_trips_total",
 			Help: "Round trips to Redis of every kind (a command or a pipeline), counted on the service's client.",

@@ -54,6 +54,10 @@ type Options struct {
 	// RateLimit-Reset to each response, for the descriptor closest to its
 	// limit (as envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
 	ResponseHeaders bool
+	// ShadowMode answers OK whatever the decisions (envoyproxy/ratelimit's
+	// global SHADOW_MODE): everything is counted and measured, nothing is
+	// denied. ratelimit_shadow_overrides_total counts the overridden answers.
+	ShadowMode bool
 	// Defaults are the mode, algorithm and failure mode of limit overrides
 	// sent in requests (those of config rules come from the Config).
 	Defaults config.Defaults
