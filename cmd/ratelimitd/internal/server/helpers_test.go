@@ -70,7 +70,7 @@ type daemon struct {
 
 // start runs a daemon on the configuration files or directory cfg against
 // the Redis at redisAddr; tweak may change its options.
-func start(t *testing.T, redisAddr, cfg string, tweak func(*server.Options)) *daemon {
+func start(t testing.TB, redisAddr, cfg string, tweak func(*server.Options)) *daemon {
 	t.Helper()
 	d := &daemon{logs: &logBuf{}, done: make(chan error, 1)}
 	o := server.Options{
