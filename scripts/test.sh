@@ -34,3 +34,7 @@ if [ -f bench/go.mod ]; then
   echo "== bench module: go test -race ./... (benchmarks not run here)"
   (cd bench && go vet ./... && go test -race -count=1 -timeout 20m ./...)
 fi
+if [ -f cmd/ratelimitd/go.mod ]; then
+  echo "== cmd/ratelimitd module: go vet, go test -race ./... (benchmarks not run here)"
+  (cd cmd/ratelimitd && go vet ./... && go test -race -count=1 -timeout 10m ./...)
+fi
