@@ -5,7 +5,7 @@
 // # Algorithms and exactness
 //
 // A Limiter runs one of the five algorithms of ratelimit.Algorithm
-// (SlidingWindow unless WithAlgorithm says otherwise) exactly as
+// (FixedWindow unless WithAlgorithm says otherwise) exactly as
 // docs/algorithms.md specifies them, in integer microseconds. Redis Lua
 // numbers are IEEE doubles; every quantity the scripts compute is an integer
 // no larger than 2^53 for a Limit that passes ratelimit.Limit.Validate, and

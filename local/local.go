@@ -10,13 +10,14 @@ import (
 )
 
 // DefaultAlgorithm is the Algorithm of a Limiter built without
-// WithAlgorithm: SlidingWindow, the same default as package global.
-const DefaultAlgorithm = ratelimit.SlidingWindow
+// WithAlgorithm: FixedWindow, the same default as packages global and
+// hybrid.
+const DefaultAlgorithm = ratelimit.FixedWindow
 
 // An Option configures a Limiter. Options are made by WithAlgorithm,
-// WithMaxKeys and WithClock; New rejects a nil Option with
-// ratelimit.ErrInvalidOption. Options are applied in order: a later one
-// overrides an earlier one of the same kind.
+// WithMaxKeys and WithClock; New ignores a nil Option, as every package of
+// the module does. Options are applied in order: a later one overrides an
+// earlier one of the same kind.
 type Option interface {
 	apply(*config) error
 }
@@ -32,7 +33,7 @@ type config struct {
 }
 
 // WithAlgorithm selects how the Limiter counts. The default is
-// DefaultAlgorithm (SlidingWindow). New rejects an unknown Algorithm with an
+// DefaultAlgorithm (FixedWindow). New rejects an unknown Algorithm with an
 // error wrapping ratelimit.ErrInvalidAlgorithm.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
 	return optionFunc(func(c *config) error {
@@ -47,9 +48,13 @@ func WithAlgorithm(a ratelimit.Algorithm) Option {
 // WithMaxKeys bounds the number of keys whose state the Limiter keeps; when
 // a shard of the key table is full, a key unused for long (see Limiter) is
 // forgotten, and its next request starts afresh, as a key never seen.
-// n <= 0 means DefaultMaxKeys.
+// 0 means DefaultMaxKeys, as in package hybrid; New rejects a negative n
+// with ratelimit.ErrInvalidOption.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("%w: max keys must be >= 0, got %d", ratelimit.ErrInvalidOption, n)
+		}
 		c.maxKeys = n
 		return nil
 	})
@@ -112,12 +117,13 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // error wrapping ratelimit.ErrInvalidLimit if limit.Validate fails (or, for
 // GCRA, if Period in microseconds is below Rate, since the emission interval
 // Period/Rate must be at least 1µs), ratelimit.ErrInvalidAlgorithm for an
-// unknown Algorithm, and ratelimit.ErrInvalidOption for a nil Option.
+// unknown Algorithm, and ratelimit.ErrInvalidOption for an option out of
+// range.
 func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
 	cfg := config{algorithm: DefaultAlgorithm}
 	for _, o := range opts {
 		if o == nil {
-			return nil, fmt.Errorf("%w: nil Option", ratelimit.ErrInvalidOption)
+			continue
 		}
 		if err := o.apply(&cfg); err != nil {
 			return nil, err

@@ -243,7 +243,7 @@ func TestNewErrors(t *testing.T) {
 			[]local.Option{local.WithAlgorithm(ratelimit.GCRA)}, ratelimit.ErrInvalidLimit},
 		{"unknown algorithm", ratelimit.PerSecond(1), []local.Option{local.WithAlgorithm(ratelimit.Algorithm(42))}, ratelimit.ErrInvalidAlgorithm},
 		{"negative algorithm", ratelimit.PerSecond(1), []local.Option{local.WithAlgorithm(-1)}, ratelimit.ErrInvalidAlgorithm},
-		{"nil option", ratelimit.PerSecond(1), []local.Option{nil}, ratelimit.ErrInvalidOption},
+		{"negative max keys", ratelimit.PerSecond(1), []local.Option{local.WithMaxKeys(-3)}, ratelimit.ErrInvalidOption},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -289,7 +289,7 @@ func TestAllowNErrors(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	lim, err := local.New(ratelimit.PerSecond(5))
 	require.NoError(t, err)
-	require.Equal(t, ratelimit.SlidingWindow, lim.Algorithm())
+	require.Equal(t, ratelimit.FixedWindow, lim.Algorithm(), "the default of every package, so defaults share a quota")
 	require.Equal(t, local.DefaultAlgorithm, lim.Algorithm())
 	require.Equal(t, ratelimit.PerSecond(5), lim.Limit())
 	d, err := lim.Allow(context.Background(), "k")
@@ -297,8 +297,9 @@ func TestDefaults(t *testing.T) {
 	require.True(t, d.Allowed)
 	require.Equal(t, 4, d.Remaining)
 	require.Equal(t, ratelimit.PerSecond(5), d.Limit)
-	// WithClock(nil) means time.Now
-	lim, err = local.New(ratelimit.PerSecond(5), local.WithClock(nil), local.WithMaxKeys(-3))
+	// WithClock(nil) means time.Now, WithMaxKeys(0) the default, and a
+	// nil Option is ignored, as in every package
+	lim, err = local.New(ratelimit.PerSecond(5), local.WithClock(nil), local.WithMaxKeys(0), nil)
 	require.NoError(t, err)
 	_, err = lim.Allow(context.Background(), "k")
 	require.NoError(t, err)
