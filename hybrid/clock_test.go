@@ -54,7 +54,7 @@ func TestServerClockOffset(t *testing.T) {
 func TestServerClockWindow(t *testing.T) {
 	k := testClock()
 	k.observe(1_000_250_000, 0, 0) // server 250ms ahead, exactly
-	idx, end := k.window(600 * ms)  // server time 1,000.85s
+	idx, end := k.window(600 * ms) // server time 1,000.85s
 	if idx != 1000 || end != 750*ms {
 		t.Fatalf("window(600ms) = %d, end %dms; want 1000, 750ms", idx, end/ms)
 	}

@@ -89,6 +89,8 @@ type counter struct {
 	asked     int64
 	prevAsked int64
 
+	expired int64 // leased units whose window ended before they were used; guarded by mu
+
 	lead  int64 // ns before its window's end that the key leases the next window
 	visit int64 // the sync tick a visit is scheduled for (0: none); guarded by mu
 }
@@ -165,6 +167,7 @@ func (c *counter) retireLease(l *lease, moot bool) {
 	b := l.closeBorrowing()
 	refund, use := l.avail.Swap(0), l.credit.Swap(0)
 	if moot {
+		c.expired += refund
 		refund = 0
 	}
 	c.owe(l.idx, refund, use)

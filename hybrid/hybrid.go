@@ -77,7 +77,7 @@ type Limiter struct {
 type stats struct {
 	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
 	flushErrors, fallback, noReply, leasedAhead                         atomic.Uint64
-	retiredAllowed, retiredDenied, retiredWaited                        atomic.Uint64
+	retiredAllowed, retiredDenied, retiredWaited, retiredExpired        atomic.Uint64
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -858,7 +858,10 @@ func (h *Limiter) evicted(_ string, c *counter) {
 func (h *Limiter) fold(c *counter) {
 	c.mu.Lock()
 	t := c.takeTick()
+	expired := c.expired
+	c.expired = 0
 	c.mu.Unlock()
+	h.st.retiredExpired.Add(uint64(expired))
 	h.st.retiredAllowed.Add(c.allowed.Swap(0) + t>>32)
 	h.st.retiredDenied.Add(c.denied.Swap(0) + c.missed.Swap(0)>>32)
 	h.st.retiredWaited.Add(c.waited.Swap(0))
@@ -866,8 +869,10 @@ func (h *Limiter) fold(c *counter) {
 
 // retire takes c's leases away and turns what they hold into debts. It
 // returns true when there is something to report.
-func (h *Limiter) retire(c *counter) bool {
-	mono := h.mono()
+func (h *Limiter) retire(c *counter) bool { return h.retireAt(c, h.mono()) }
+
+// retireAt is retire at mono.
+func (h *Limiter) retireAt(c *counter, mono int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l := c.cur.Swap(nil); l != nil {

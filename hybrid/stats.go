@@ -20,6 +20,7 @@ type Stats struct {
 	LeasedAhead    uint64 // grants of the next window's quota, leased before it began
 	NoReply        uint64 // decisions Redis did not answer in time (or answered with an error) while the breaker was closed: denied in Strict, on credit in Optimistic
 	Refunded       uint64 // unused leased units given back to Redis
+	Expired        uint64 // leased units whose window ended before they were used (counted in Redis, never admitted)
 	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
 	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
@@ -43,6 +44,7 @@ func (h *Limiter) Stats() Stats {
 		FlushErrors:    h.st.flushErrors.Load(),
 		Fallback:       h.st.fallback.Load(),
 		Allowed:        h.st.retiredAllowed.Load(),
+		Expired:        h.st.retiredExpired.Load(),
 		Denied:         h.st.retiredDenied.Load(),
 		KeysTracked:    h.table.Len(),
 		Instances:      int(h.instances()),
@@ -52,6 +54,7 @@ func (h *Limiter) Stats() Stats {
 	h.table.Range(func(_ string, c *counter) bool {
 		c.mu.Lock()
 		t := c.peekTick()
+		s.Expired += uint64(c.expired)
 		c.mu.Unlock()
 		s.Allowed += c.allowed.Load() + t>>32
 		s.Denied += c.denied.Load() + c.missed.Load()>>32
