@@ -259,11 +259,11 @@ func TestExpiry(t *testing.T) {
 		suffix []string
 		ttlMS  int64
 	}{
-		{ratelimit.FixedWindow, 1, []string{fmt.Sprintf("fw:%d", t0/(10*sec))}, 7501 + 1000},    // ws + P - now = 7500.5ms
-		{ratelimit.SlidingWindow, 1, []string{fmt.Sprintf("sw:%d", t0/(10*sec))}, 17501 + 1000}, // ws + 2P - now
-		{ratelimit.SlidingLog, 1, []string{"sl", "sl:seq"}, 10000 + 1000},                       // P
-		{ratelimit.TokenBucket, 3, []string{"tb"}, 7500 + 1000},                                 // 3 tokens at 0.4/s = 7.5s
-		{ratelimit.GCRA, 3, []string{"gcra"}, 7500 + 1000},                                      // tat - now = 3 x 2.5s
+		{ratelimit.FixedWindow, 1, []string{fmt.Sprintf("fw:4:%d", t0/(10*sec))}, 7501 + 1000},    // ws + P - now = 7500.5ms
+		{ratelimit.SlidingWindow, 1, []string{fmt.Sprintf("sw:4:%d", t0/(10*sec))}, 17501 + 1000}, // ws + 2P - now
+		{ratelimit.SlidingLog, 1, []string{"sl:4:10000000", "sl:4:10000000:seq"}, 10000 + 1000},   // P
+		{ratelimit.TokenBucket, 3, []string{"tb:4:10000000:8"}, 7500 + 1000},                      // 3 tokens at 0.4/s = 7.5s
+		{ratelimit.GCRA, 3, []string{"gcra:4:10000000:8"}, 7500 + 1000},                           // tat - now = 3 x 2.5s
 	}
 	for _, tc := range cases {
 		t.Run(tc.alg.String(), func(t *testing.T) {
@@ -306,7 +306,7 @@ func TestGCRALongTolerance(t *testing.T) {
 	require.True(t, d.Allowed)
 	tat := t0 + 3 + 99_999*86_400_000_000
 	require.Greater(t, tat, int64(1)<<53)
-	got, err := c.Get(ctx, prefix+":{k}:gcra").Result()
+	got, err := c.Get(ctx, prefix+":{k}:gcra:1:86400000000:100000").Result()
 	require.NoError(t, err)
 	require.Equal(t, strconv.FormatInt(tat, 10), got)
 }

@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  "<prefix>:{<tag>}:"; the counter is wkey(KEYS[1], kind, ws/P).
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
--- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  kind
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  kind (script.Kind: the algorithm and the rate)
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied

@@ -1,10 +1,11 @@
 -- GCRA, exactly as docs/algorithms.md says, in integer microseconds.
 --
--- KEYS[1]  "<prefix>:{<tag>}:"; the state is the string KEYS[1] .. "gcra"
+-- KEYS[1]  "<prefix>:{<tag>}:"; the state is the string KEYS[1] .. ARGV[5]
 --          holding tat, the theoretical arrival time in microseconds, in
 --          decimal.
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
 -- ARGV[2]  n   ARGV[3]  T = floor(P/R)   ARGV[4]  tau = B * T
+-- ARGV[5]  kind (script.Kind: the algorithm and the limit)
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- A denied request writes nothing.
@@ -27,7 +28,7 @@ local E = 100000000 -- 10^8: tat = hi * E + lo
 local nh = fdiv(now, E)
 local nl = now - nh * E
 
-local key = KEYS[1] .. 'gcra'
+local key = KEYS[1] .. ARGV[5]
 -- d = max(tat, now) - now; an absent key has tat = now.
 local d = 0
 local s = redis.call('GET', key)

@@ -60,7 +60,7 @@ type Limiter struct {
 	clock  func() time.Time
 	script *redis.Script
 	// args after ARGV[1] (now) and ARGV[2] (n); fixed for the Limiter.
-	rest  [3]any
+	rest  [4]any
 	nrest int
 
 	fail *failure // nil unless WithFailureMode was given
@@ -98,19 +98,18 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		return nil, err
 	}
 	l.fail = f
+	kind := script.Kind(c.alg, limit) // the last ARGV of every script
 	switch c.alg {
 	case ratelimit.TokenBucket:
-		l.rest, l.nrest = [3]any{int64(limit.Rate), p, int64(limit.Capacity()) * p}, 3
+		l.rest, l.nrest = [4]any{int64(limit.Rate), p, int64(limit.Capacity()) * p, kind}, 4
 	case ratelimit.GCRA:
 		if p < int64(limit.Rate) {
 			return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %d/%v", ratelimit.ErrInvalidLimit, limit.Rate, limit.Period)
 		}
 		t := p / int64(limit.Rate)
-		l.rest, l.nrest = [3]any{t, int64(limit.Capacity()) * t}, 2
-	case ratelimit.SlidingLog:
-		l.rest, l.nrest = [3]any{int64(limit.Rate), p}, 2
-	default: // the window counters, shared with the hybrid limiter
-		l.rest, l.nrest = [3]any{int64(limit.Rate), p, script.CounterKind(c.alg)}, 3
+		l.rest, l.nrest = [4]any{t, int64(limit.Capacity()) * t, kind}, 3
+	default: // the windows and the log
+		l.rest, l.nrest = [4]any{int64(limit.Rate), p, kind}, 3
 	}
 	return l, nil
 }

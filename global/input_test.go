@@ -208,3 +208,41 @@ func TestContextCanceled(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, ratelimit.Decision{}, d)
 }
+
+// Limiters of different limits on one prefix never share a counter: the
+// limit is part of every state key (internal/script.Kind), so a paid tier
+// of 1000 a minute and a free one of 5 count apart, while limiters of the
+// same limit, global or hybrid, share one.
+func TestLimitsNeverShareByMistake(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms() {
+		t.Run(alg.String(), func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			paid, err := global.New(c, ratelimit.PerMinute(1000), global.WithPrefix(prefix), global.WithAlgorithm(alg))
+			require.NoError(t, err)
+			free, err := global.New(c, ratelimit.PerMinute(5), global.WithPrefix(prefix), global.WithAlgorithm(alg))
+			require.NoError(t, err)
+			for i := 0; i < 50; i++ {
+				d, err := paid.Allow(ctx, "user")
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+			}
+			for i := 0; i < 5; i++ {
+				d, err := free.Allow(ctx, "user")
+				require.NoError(t, err)
+				require.True(t, d.Allowed, "the free tier's %dth request: the paid tier's use must not count", i+1)
+			}
+			d, err := free.Allow(ctx, "user")
+			require.NoError(t, err)
+			require.False(t, d.Allowed)
+			same, err := global.New(c, ratelimit.PerMinute(5), global.WithPrefix(prefix), global.WithAlgorithm(alg))
+			require.NoError(t, err)
+			d, err = same.Allow(ctx, "user")
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "a limiter of the same limit shares the free tier's state")
+		})
+	}
+}

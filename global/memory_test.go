@@ -8,6 +8,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/stretchr/testify/require"
 )
 
@@ -35,17 +36,17 @@ func TestSlidingLogMemory(t *testing.T) {
 		d, err := l.Allow(ctx, "user-12345")
 		require.NoError(t, err)
 		require.False(t, d.Allowed, "the log is full")
-		base := prefix + ":{user-12345}:"
-		n, err := c.ZCard(ctx, base+"sl").Result()
+		base := prefix + ":{user-12345}:" + script.Kind(ratelimit.SlidingLog, ratelimit.Limit{Rate: rate, Period: time.Hour})
+		n, err := c.ZCard(ctx, base).Result()
 		require.NoError(t, err)
 		require.EqualValues(t, rate, n)
-		sl, err := c.MemoryUsage(ctx, base+"sl", 0).Result()
+		sl, err := c.MemoryUsage(ctx, base, 0).Result()
 		require.NoError(t, err)
-		seq, err := c.MemoryUsage(ctx, base+"sl:seq", 0).Result()
+		seq, err := c.MemoryUsage(ctx, base+":seq", 0).Result()
 		require.NoError(t, err)
-		enc, err := c.ObjectEncoding(ctx, base+"sl").Result()
+		enc, err := c.ObjectEncoding(ctx, base).Result()
 		require.NoError(t, err)
-		t.Logf("SlidingLog Rate %d: MEMORY USAGE %ssl = %d bytes (%s, %.1f B/entry), %ssl:seq = %d bytes",
+		t.Logf("SlidingLog Rate %d: MEMORY USAGE %s = %d bytes (%s, %.1f B/entry), %s:seq = %d bytes",
 			rate, base, sl, enc, float64(sl)/float64(rate), base, seq)
 	}
 }

@@ -1,10 +1,10 @@
 -- SlidingLog, exactly as docs/algorithms.md says, in integer microseconds.
 --
--- KEYS[1]  "<prefix>:{<tag>}:"; the log is the sorted set KEYS[1] .. "sl"
+-- KEYS[1]  "<prefix>:{<tag>}:"; the log is the sorted set KEYS[1] .. kind
 --          (score: admission time in microseconds; member: a unique number
---          from the counter KEYS[1] .. "sl:seq").
+--          from the counter KEYS[1] .. kind .. ":seq").
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
--- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)
+-- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  kind
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
@@ -20,8 +20,8 @@ local n = tonumber(ARGV[2])
 local R = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
 
-local log = KEYS[1] .. 'sl'
-local seqkey = KEYS[1] .. 'sl:seq'
+local log = KEYS[1] .. ARGV[5]
+local seqkey = KEYS[1] .. ARGV[5] .. ':seq'
 local cutoff = now - P -- entries with t <= cutoff are out of the window
 
 local count = redis.call('ZCOUNT', log, cutoff + 1, '+inf')

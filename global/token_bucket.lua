@@ -1,10 +1,11 @@
 -- TokenBucket, exactly as docs/algorithms.md says, in integer microseconds.
 -- One token is P units, so the refill is exactly R units per microsecond.
 --
--- KEYS[1]  "<prefix>:{<tag>}:"; the state is the hash KEYS[1] .. "tb"
+-- KEYS[1]  "<prefix>:{<tag>}:"; the state is the hash KEYS[1] .. ARGV[6]
 --          with fields u (content in units) and ts (time of u, microseconds).
 -- ARGV[1]  now in microseconds, or "" / -1 to read Redis TIME
 -- ARGV[2]  n   ARGV[3]  R   ARGV[4]  P (microseconds)   ARGV[5]  C = B * P
+-- ARGV[6]  kind (script.Kind: the algorithm and the limit)
 --
 -- Returns {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 -- Every quantity is an integer <= 2^53, exact in a Lua double. A denied
@@ -19,7 +20,7 @@ local R = tonumber(ARGV[3])
 local P = tonumber(ARGV[4])
 local C = tonumber(ARGV[5])
 
-local key = KEYS[1] .. 'tb'
+local key = KEYS[1] .. ARGV[6]
 local st = redis.call('HMGET', key, 'u', 'ts')
 local u = tonumber(st[1] or '')
 local ts = tonumber(st[2] or '')

@@ -114,7 +114,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		limit:    limit,
 		rate:     int64(limit.Rate),
 		cfg:      cfg,
-		kind:     script.CounterKind(cfg.algorithm),
+		kind:     script.Kind(cfg.algorithm, limit),
 		periodNS: int64(limit.Period),
 		periodUS: int64(limit.Period / time.Microsecond),
 		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hybridlimit/ratelimit"
 )
@@ -38,18 +39,35 @@ func KeyBase(prefix, key string) (string, error) {
 	return prefix + ":{" + HashTag(key) + "}:", nil
 }
 
-// CounterKind returns the kind of the window counters of a FixedWindow
-// ("fw") or SlidingWindow ("sw") limiter: the part of a counter's Redis key
-// between the key base and the window index.
-func CounterKind(a ratelimit.Algorithm) string {
-	if a == ratelimit.SlidingWindow {
-		return "sw"
+// Kind returns the part of a state key's name between the key base and
+// the window index (for the window algorithms) that names the algorithm and
+// the limit: "fw:<R>", "sw:<R>", "sl:<R>:<P>", "tb:<R>:<P>:<B>",
+// "gcra:<R>:<P>:<B>" (P in microseconds, B the capacity). Limiters count in
+// one state only when they share the prefix, the algorithm and the limit:
+// two limits on one prefix (a free and a paid tier, say) never share a
+// counter by mistake. (A window index implies its period: windows of
+// different periods never share an index at the same time.)
+func Kind(a ratelimit.Algorithm, l ratelimit.Limit) string {
+	r := strconv.Itoa(l.Rate)
+	p := strconv.FormatInt(int64(l.Period/time.Microsecond), 10)
+	b := strconv.Itoa(l.Capacity())
+	switch a {
+	case ratelimit.FixedWindow:
+		return "fw:" + r
+	case ratelimit.SlidingWindow:
+		return "sw:" + r
+	case ratelimit.SlidingLog:
+		return "sl:" + r + ":" + p
+	case ratelimit.TokenBucket:
+		return "tb:" + r + ":" + p + ":" + b
+	case ratelimit.GCRA:
+		return "gcra:" + r + ":" + p + ":" + b
 	}
-	return "fw"
+	return "x"
 }
 
 // WindowKey returns the Redis key of the counter of window idx (the window
-// starts at idx x Period since the epoch) of the given kind, for the
+// starts at idx x Period since the epoch) of the given Kind, for the
 // KeyBase of a user key. Global and hybrid limiters count in these same
 // counters.
 func WindowKey(base, kind string, idx int64) string {

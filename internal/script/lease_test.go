@@ -28,7 +28,7 @@ type leaser struct {
 func newLeaser(t *testing.T, c redis.UniversalClient, key string, alg ratelimit.Algorithm, lim ratelimit.Limit) *leaser {
 	base, err := script.KeyBase("leasetest", key)
 	require.NoError(t, err)
-	return &leaser{t: t, c: c, base: base, kind: script.CounterKind(alg), lim: lim}
+	return &leaser{t: t, c: c, base: base, kind: script.Kind(alg, lim), lim: lim}
 }
 
 func (l *leaser) call(a script.LeaseArgs) script.Reply {

@@ -55,7 +55,7 @@ const MaxAdjust = 3
 // LeaseArgs are the arguments of one Lease call for one key.
 type LeaseArgs struct {
 	Base  string // KeyBase of the user key
-	Kind  string // counter kind, CounterKind of the algorithm and limit
+	Kind  string // counter kind: Kind of the algorithm and limit
 	Limit ratelimit.Limit
 	Now   int64 // microseconds since the epoch; <= 0 reads Redis TIME
 
