@@ -46,8 +46,7 @@ type sent struct {
 
 // counter is the local state of one key.
 type counter struct {
-	key  string
-	base string // Redis key base of the key
+	key string // the key as kept in memory (see Limiter.lookup)
 
 	cur          atomic.Pointer[lease] // the lease decisions take from
 	blockedUntil atomic.Int64          // mono ns: the window is exhausted in Redis until then

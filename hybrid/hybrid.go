@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"math"
 	mrand "math/rand/v2"
+	"strings"
 	gosync "sync"
 	"sync/atomic"
 	"time"
@@ -209,23 +210,61 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 // lookup finds or makes the counter of key. A hit takes no lock: the index
 // is read-mostly, and the LRU table, which bounds the keys and decides
 // evictions, hears of a key's use at most once per sync tick.
+//
+// A key is kept once, in the index, the table and the counter alike: a
+// copy of it (so a caller's larger buffer is not retained), or, for a key
+// longer than script.MaxVerbatimKey bytes, a digest of it (see indexKey),
+// so a key costs a bounded number of bytes whatever its length.
 func (h *Limiter) lookup(key string) *counter {
-	if v, ok := h.index.Load(key); ok {
+	k := key
+	if len(k) > script.MaxVerbatimKey {
+		k = indexKey(key)
+	}
+	if v, ok := h.index.Load(k); ok {
 		c := v.(*counter)
 		if !c.touched.Load() {
 			c.touched.Store(true)
-			h.table.Get(key)
+			h.table.Get(k)
 		}
 		return c
 	}
-	c, created := h.table.GetOrCreate(key, func() *counter {
-		base, _ := script.KeyBase(h.cfg.prefix, key) // key is not empty
-		return &counter{key: key, base: base, lead: h.leadOf(base)}
+	if len(key) <= script.MaxVerbatimKey {
+		k = strings.Clone(key)
+	}
+	c, created := h.table.GetOrCreate(k, func() *counter {
+		return &counter{key: k, lead: h.leadOf(k)}
 	})
 	if created || !c.dead.Load() {
-		h.index.Store(key, c)
+		h.index.Store(k, c)
 	}
 	return c
+}
+
+// indexKey is how a key longer than script.MaxVerbatimKey is kept in
+// memory: 0xff, then the hex SHA-256 of the key (script.HashTag's digest,
+// so Redis sees the same tag), then padding to MaxVerbatimKey+1 bytes. No
+// key short enough to be kept verbatim can equal it.
+func indexKey(key string) string {
+	tag := script.HashTag(key) // "#" and 64 hex digits
+	var b [script.MaxVerbatimKey + 1]byte
+	for i := range b {
+		b[i] = 0xff
+	}
+	copy(b[1:], tag[1:])
+	return string(b[:])
+}
+
+// tagOf returns the Redis hash tag of the key kept as k (see lookup).
+func tagOf(k string) string {
+	if len(k) > script.MaxVerbatimKey {
+		return "#" + k[1:65]
+	}
+	return script.HashTag(k)
+}
+
+// baseOf returns the Redis key base of c's key.
+func (h *Limiter) baseOf(c *counter) string {
+	return h.cfg.prefix + ":{" + tagOf(c.key) + "}:"
 }
 
 // forget drops c from the index, unless the key has a newer counter.
@@ -525,7 +564,7 @@ func (h *Limiter) drain() {
 // newCall starts a lease call for c. Caller holds c.mu or owns c.
 func (h *Limiter) newCall(c *counter) script.LeaseArgs {
 	return script.LeaseArgs{
-		Base: c.base, Kind: h.kind, Limit: h.limit,
+		Base: h.baseOf(c), Kind: h.kind, Limit: h.limit,
 		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
 	}
 }
@@ -570,11 +609,11 @@ func (h *Limiter) floor() int64 {
 // at least two sync intervals, so the call lands before the roll, and
 // spread by key over up to five more (within half the period), so that the
 // leases of keys whose windows all end together go out over several ticks.
-func (h *Limiter) leadOf(base string) int64 {
+func (h *Limiter) leadOf(k string) int64 {
 	iv := int64(h.cfg.syncInterval)
 	spread := max(0, min(h.periodNS/2, 7*iv)-2*iv)
 	f := fnv.New32a()
-	f.Write([]byte(base))
+	f.Write([]byte(k))
 	return 2*iv + int64(f.Sum32())%(spread+1)
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -461,4 +463,45 @@ func TestAllowDuringClose(t *testing.T) {
 		wg.Wait()
 		require.NoError(t, c.Close())
 	}
+}
+
+// A key costs a bounded number of bytes in memory, whatever its length: a
+// 10 KB key is kept as a 129-byte digest, once (not in the index and again
+// in the table), and a short key is kept as a copy, so the caller's buffer
+// it was cut from is not retained.
+func TestKeyMemoryBounded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	h, err := hybrid.New(c, ratelimit.PerHour(1_000_000), hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(1), hybrid.WithTimeout(time.Second))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	const n = 200
+	heap := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	before := heap()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%05d", i) + strings.Repeat("x", 10<<10)
+	}
+	for _, k := range keys {
+		d, err := h.Allow(ctx, k)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	keys = nil // only the limiter may keep them now
+	per := float64(heap()-before) / n
+	t.Logf("heap per 10 KB key: %.0f B", per)
+	require.Less(t, per, 4096.0, "a 10 KB key must not be kept whole")
+	require.Equal(t, n, h.Stats().KeysTracked)
+	// the digests still tell the keys apart
+	d, err := h.Allow(ctx, fmt.Sprintf("%05d", 7)+strings.Repeat("x", 10<<10))
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, n, h.Stats().KeysTracked)
 }

@@ -348,7 +348,7 @@ func TestReferenceDifferential(t *testing.T) {
 	p := int64(limit.Period)
 	for seed := uint64(1); seed <= 12; seed++ {
 		h := testLimiter(t, limit)
-		c := &counter{key: "k", base: "b:"}
+		c := &counter{key: "k"}
 		ref := newRef(limit)
 		rng := rand.New(rand.NewPCG(seed, 7))
 		mono := 10 * p // Redis time equals mono
@@ -417,7 +417,7 @@ func TestReferenceConservation(t *testing.T) {
 	limit := ratelimit.Limit{Rate: math.MaxInt32, Period: 50 * time.Millisecond}
 	p := int64(limit.Period)
 	h := testLimiter(t, limit)
-	c := &counter{key: "k", base: "b:"}
+	c := &counter{key: "k"}
 	var mono atomic.Int64
 	mono.Store(10 * p)
 	var taken atomic.Int64
