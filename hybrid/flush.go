@@ -59,6 +59,7 @@ func (h *Limiter) probe(ctx context.Context) {
 	if err == nil {
 		h.brk.Success()
 	} else {
+		h.noteErr(err)
 		h.brk.Failure()
 	}
 }
@@ -71,13 +72,16 @@ func (h *Limiter) heartbeat(ctx context.Context, join bool) {
 	if !join {
 		flag = "0"
 	}
-	h.bounded(ctx, func(ctx context.Context) {
+	err := h.callErr(ctx, func(ctx context.Context) error {
 		n, err := script.Instances.Run(ctx, h.client, []string{script.InstancesKey(h.cfg.prefix)}, h.id, live, flag).Int64()
 		h.st.roundTrips.Add(1)
 		if err == nil && n > 0 {
 			h.liveInstances.Store(n)
+			h.learned.Store(true)
 		}
+		return err
 	})
+	h.noteErr(err)
 }
 
 // flush is the syncer's FlushFunc: for every counter of the batch it turns
@@ -138,8 +142,8 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 
 	dead := c.dead.Load()
 	lastUse := c.lastUse.Load()
-	if quiet && !dead && mono-lastUse >= h.periodNS {
-		// idle for a whole period: the key leaves the table
+	if quiet && !dead && mono-lastUse >= idlePeriods*h.periodNS {
+		// idle for idlePeriods whole periods: the key leaves the table
 		if h.table.RemoveIf(c.key, func(v *counter) bool { return v == c }) {
 			c.dead.Store(true)
 			h.forget(c)
@@ -204,7 +208,13 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		}
 	}
 	c.debts = kept
-	active := c.asked > 0 && mono-lastUse < gap // in use in this window, and not gone quiet
+	// In use in this window or the last, and not quiet for longer than a
+	// key of its rate stays quiet: a key used a couple of times a window
+	// may not have been used yet this window when its lead comes.
+	active := (c.asked > 0 || c.prevAsked > 0) && mono-lastUse < max(gap, idlePeriods*h.periodNS)
+	if c.asked > 0 || c.prevAsked == 0 {
+		active = active && mono-lastUse < gap
+	}
 	if active && !dead && !draining && h.brk.State() != breaker.Open {
 		blocked := mono < c.blockedUntil.Load()
 		switch {
@@ -248,9 +258,9 @@ func (h *Limiter) launch(ops []op, c *counter, a script.LeaseArgs) []op {
 // visited at the next tick anyway (the syncer offers them again). Caller
 // holds c.mu.
 func (h *Limiter) scheduleLocked(c *counter, mono, end, lastUse, gap int64) {
-	at := lastUse + h.periodNS // idle
+	at := lastUse + idlePeriods*h.periodNS // idle
 	if cur := c.cur.Load(); cur != nil {
-		if c.next == nil && c.asked > 0 {
+		if c.next == nil && (c.asked > 0 || c.prevAsked > 0) {
 			at = min(at, end-c.lead)
 		}
 		if cur.pre {
@@ -315,6 +325,9 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 	fresh := false // a call was applied anew: Redis writes, not only answers
 	for i, o := range ops {
 		v, cerr := cmds[i].Result()
+		if cerr == nil && v == nil && err != nil {
+			cerr = err // the pipeline failed before this call got a reply
+		}
 		if cerr == nil {
 			var r script.Reply
 			if r, cerr = script.ParseLease(v); cerr == nil {
@@ -358,6 +371,7 @@ func (h *Limiter) unanswered(o op, err error, notRun bool) {
 
 // failed records a failed exchange with Redis.
 func (h *Limiter) failed(err error) {
+	err = h.noteErr(err)
 	h.st.flushErrors.Add(1)
 	h.brk.Failure()
 	h.emit(Event{Kind: EventFlushError, Err: err})
@@ -437,10 +451,11 @@ func anyNoScript(cmds []*redis.Cmd) bool {
 }
 
 // notApplied reports whether a call that failed with err certainly did not
-// run on Redis: the script was missing, or no connection could be made.
+// run on Redis: the script was missing, the connection was refused its
+// authentication, or no connection could be made.
 // Any other failure leaves the call in doubt.
 func notApplied(err error) bool {
-	if script.IsNoScript(err) {
+	if script.IsNoScript(err) || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "WRONGPASS") {
 		return true
 	}
 	var op *net.OpError

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"encoding/base64"
 	"fmt"
 	"hash/fnv"
@@ -58,8 +59,10 @@ type Limiter struct {
 	wheel   map[int64][]*counter // sync tick -> counters to visit then
 	wheelAt int64                // the last tick whose visits are done
 
-	lastTick      int64        // mono of the last tick; owned by the syncer goroutine
-	tickGap       atomic.Int64 // smoothed time between ticks, ns
+	lastErr       atomic.Pointer[errAt] // the last Redis error, and when
+	learned       atomic.Bool           // a heartbeat told the fleet size at least once
+	lastTick      int64                 // mono of the last tick; owned by the syncer goroutine
+	tickGap       atomic.Int64          // smoothed time between ticks, ns
 	liveInstances atomic.Int64
 	nextBeat      int64        // mono; owned by the syncer goroutine
 	seq           atomic.Int64 // sequence of lease calls, for replay protection
@@ -86,6 +89,11 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // New returns a hybrid Limiter enforcing limit per key across every instance
 // that shares client's Redis (standalone, Sentinel or Cluster) and prefix.
 // It starts the background syncer; Close stops it.
+//
+// New talks to Redis once, to learn the fleet's size by heartbeat (not with
+// WithInstances), and waits at most the timeout for it, whatever the
+// client's own timeouts. It does not fail on Redis errors: call Ping to
+// fail fast on a wrong address, password or mode.
 func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
 	if script.IsNilClient(client) {
 		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
@@ -131,7 +139,11 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		switch to {
 		case breaker.Open:
 			if from == breaker.Closed {
-				h.emit(Event{Kind: EventDegraded})
+				e := Event{Kind: EventDegraded}
+				if last := h.lastErr.Load(); last != nil {
+					e.Err = last.err
+				}
+				h.emit(e)
 			}
 		case breaker.Closed:
 			h.emit(Event{Kind: EventRecovered})
@@ -162,6 +174,62 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 // (and tells the breaker Redis answers), rather than lost and sent again.
 func (h *Limiter) callTimeout() time.Duration {
 	return max(minCallTimeout, 4*h.cfg.timeout)
+}
+
+// Ping reports whether Redis serves the limiter: it sends PING, then a
+// lease call that asks for nothing and writes nothing, within a call's
+// deadline (4 timeouts, at least 1s) or ctx's if sooner, and returns the
+// first error Redis or the client
+// gave, as it gave it (NOAUTH, WRONGPASS, connection refused, a Cluster
+// client on a standalone server...). Call it at startup to fail fast on a
+// wrong address or password: decisions never return Redis errors (the
+// failure mode decides), and without it a misconfigured limiter is
+// visible only in Stats().LastError and the observer's events.
+func (h *Limiter) Ping(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, h.callTimeout())
+	defer cancel()
+	err := h.callErr(pctx, func(ctx context.Context) error { return h.client.Ping(ctx).Err() })
+	if err == nil {
+		a := script.LeaseArgs{Base: h.probeBase, Kind: h.kind, Limit: h.limit, Instances: 1, Min: 1}
+		err = h.callErr(pctx, func(ctx context.Context) error {
+			return script.Lease.Run(ctx, h.client, a.Keys(), a.Args()...).Err()
+		})
+	}
+	if err != nil {
+		err = h.noteErr(err)
+		return fmt.Errorf("hybrid: Redis does not serve the limiter: %w", err)
+	}
+	return nil
+}
+
+// errAt is an error and when it happened.
+type errAt struct {
+	err error
+	at  time.Time
+}
+
+// noteErr keeps err as the last Redis error, and returns it, explained
+// where Redis' own words mislead.
+func (h *Limiter) noteErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	if strings.Contains(err.Error(), "unauthenticated") {
+		// Redis answers a command of many arguments on a connection that
+		// did not AUTH with a protocol error, not NOAUTH.
+		err = fmt.Errorf("NOAUTH: the Redis server requires authentication (set the client's Password); it answered: %w", err)
+	}
+	now := time.Now()
+	if errors.Is(err, context.DeadlineExceeded) {
+		// A timeout says less than the error that likely caused it (a
+		// refused connection retried by the client past the deadline):
+		// it does not replace one less than lastErrKeep old.
+		if last := h.lastErr.Load(); last != nil && !errors.Is(last.err, context.DeadlineExceeded) && now.Sub(last.at) < lastErrKeep {
+			return err
+		}
+	}
+	h.lastErr.Store(&errAt{err: err, at: now})
+	return err
 }
 
 // Limit returns the limit the Limiter enforces.
@@ -635,6 +703,12 @@ func (h *Limiter) instances() int64 {
 	if h.cfg.instances > 0 {
 		return int64(h.cfg.instances)
 	}
+	if !h.learned.Load() {
+		// No heartbeat ever reached Redis: the fleet's size is unknown, and
+		// taking it for one would let a fleet of N admit N times the limit
+		// while Redis is away. Assume unknownFleet.
+		return unknownFleet
+	}
 	return max(1, h.liveInstances.Load())
 }
 
@@ -928,11 +1002,14 @@ func (h *Limiter) retireAt(c *counter, mono int64) bool {
 // every count admitted on credit is reported, so that right after it the
 // counts in Redis are exactly what this instance admitted. The next
 // decisions lease again. It returns the first error met, or an error when
-// something is still owed after its passes.
+// something is still owed after its passes. It returns by ctx's deadline,
+// and within max(2s, 5 timeouts) whatever ctx and the Redis client's timeouts.
 func (h *Limiter) Flush(ctx context.Context) error {
 	if h.closed.Load() {
 		return ratelimit.ErrClosed
 	}
+	ctx, cancel := context.WithTimeout(ctx, h.budget())
+	defer cancel()
 	h.draining.Add(1)
 	defer h.draining.Add(-1)
 	h.retireAll()
@@ -975,6 +1052,19 @@ func (h *Limiter) quiesce(ctx context.Context) error {
 	}
 }
 
+// budget is the longest Flush and Close take: max(2s, 5 timeouts).
+func (h *Limiter) budget() time.Duration { return max(defaultFinalFlushBudget, 5*h.cfg.timeout) }
+
+// waitOr runs wait and returns when it does or when ctx is done.
+func waitOr(ctx context.Context, wait func()) {
+	done := make(chan struct{})
+	go func() { wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 func (h *Limiter) retireAll() {
 	h.table.Range(func(_ string, c *counter) bool {
 		if h.retire(c) {
@@ -986,34 +1076,36 @@ func (h *Limiter) retireAll() {
 
 // Close gives every unused lease back, reports every count, stops the
 // background syncer and waits for every goroutine the Limiter started. It is
-// idempotent; decisions after Close return ratelimit.ErrClosed. The final
-// flush gets up to 2 seconds or 5 timeouts, whichever is longer; what it
-// could not give back is reported in the error (and stays counted in Redis
-// until its window ends: the safe side).
+// idempotent; decisions after Close return ratelimit.ErrClosed.
+//
+// Close returns within max(2s, 5 timeouts), whatever the Redis
+// client's own timeouts: what it could not give back by then is reported in
+// the error (and stays counted in Redis until its window ends: the safe
+// side). A call the client itself does not give up on (one without
+// ContextTimeoutEnabled waits its ReadTimeout, 3s by default) ends on its
+// own after Close returns.
 func (h *Limiter) Close() error {
 	h.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), h.budget())
+		defer cancel()
 		h.closed.Store(true)
 		h.draining.Add(1)
 		h.gate.Lock() // no slow-path decision starts any more
 		h.gate.Unlock()
-		h.inflight.Wait()
+		waitOr(ctx, h.inflight.Wait)
 		h.retireAll()
-		ctx, cancel := context.WithTimeout(context.Background(), max(defaultFinalFlushBudget, 5*h.cfg.timeout))
-		defer cancel()
-		h.closeErr = h.syncer.Close(ctx)
+		// The syncer's final flush makes one attempt even past its deadline
+		// (a call's deadline at most): leave room for it in the budget.
+		dl, _ := ctx.Deadline()
+		sctx, scancel := context.WithDeadline(ctx, dl.Add(-h.callTimeout()))
+		h.closeErr = h.syncer.Close(sctx)
+		scancel()
 		if h.cfg.instances == 0 {
 			hctx, hcancel := context.WithTimeout(ctx, h.cfg.timeout)
 			h.heartbeat(hctx, false)
 			hcancel()
 		}
-		// Calls the Redis client did not give up on in time end on their
-		// own, by the client's timeouts; wait for them within the budget.
-		done := make(chan struct{})
-		go func() { h.calls.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-		}
+		waitOr(ctx, h.calls.Wait)
 	})
 	return h.closeErr
 }

@@ -57,6 +57,9 @@ const (
 	syncBatch               = 4096 // lease calls per pipeline
 	maxSyncPipelines        = 4    // decisions' lease pipelines in flight at once
 	maxFlushPasses          = 3
+	unknownFleet            = 16 // instances assumed before a heartbeat ever told the fleet size
+	lastErrKeep             = 10 * time.Second
+	idlePeriods             = 2 // a key unused for this many periods leaves the table
 )
 
 type config struct {

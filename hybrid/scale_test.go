@@ -169,7 +169,7 @@ func TestManyKeysUnderLimit(t *testing.T) {
 	// strict mode, by design: a key's first decision leases), then the
 	// closed loop runs across a window roll.
 	wDenied, wErrs := touchAll(ls, keys)
-	_, d2, e2 := closedLoop(ls, keys, 8*workers, after(warmup))
+	_, d2, e2 := closedLoop(ls, keys, workers, after(warmup))
 	wDenied, wErrs = wDenied+d2, wErrs+e2
 	warmRT := sumRT(hooks)
 	rt0 := sumRT(hooks)

@@ -25,8 +25,14 @@ type Stats struct {
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
 	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
 	KeysTracked    int    // keys held in memory now
-	Instances      int    // instances sharing the quota, as last learned
+	Instances      int    // instances sharing the quota, as last learned (16 while never learned; see WithInstances)
 	Degraded       bool   // the circuit breaker is open: decisions do not wait on Redis
+	// LastError is the last error Redis or the client returned to any
+	// call of the limiter (nil if none), and LastErrorAt when. Decisions
+	// never return Redis errors: this is where a wrong address, password
+	// or mode shows (and in Ping, and the observer's events).
+	LastError   error
+	LastErrorAt time.Time
 }
 
 // Stats returns the Limiter's counters. It walks the key table, so call it
@@ -49,6 +55,9 @@ func (h *Limiter) Stats() Stats {
 		KeysTracked:    h.table.Len(),
 		Instances:      int(h.instances()),
 		Degraded:       h.brk.State() != breaker.Closed,
+	}
+	if e := h.lastErr.Load(); e != nil {
+		s.LastError, s.LastErrorAt = e.err, e.at
 	}
 	waited := h.st.retiredWaited.Load()
 	h.table.Range(func(_ string, c *counter) bool {
@@ -95,7 +104,7 @@ func (k EventKind) String() string {
 // Event is what an observer registered with WithObserver receives.
 type Event struct {
 	Kind EventKind
-	Err  error // the failure, for EventFlushError
+	Err  error // the failure: for EventFlushError, and for EventDegraded the last Redis error before the breaker opened
 	Time time.Time
 }
 
