@@ -456,3 +456,56 @@ func TestKillRestartCycles(t *testing.T) {
 	require.NoError(t, c.Close())
 	goleak.VerifyNone(t, opts...)
 }
+
+// The outage bound (docs/failure-modes.md): with FailLocal, in the window
+// an outage begins, a fleet admits at most 2 x Rate - F, F what was left
+// of the window in Redis when it went away (so Rate for an outage at a
+// window's start); in a window that begins during the outage, at most
+// Rate (each of the N instances admits Rate / N).
+func TestOutageBound(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	direct := srv.Client()
+	defer direct.Close()
+	limit := ratelimit.Limit{Rate: 400, Period: 2 * time.Second}
+	const instances = 4
+	prefix := uniq(t)
+	var ls []ratelimit.Limiter
+	for i := 0; i < instances; i++ {
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithInstances(instances),
+			hybrid.WithTimeout(faultTimeout), hybrid.WithBreaker(1, time.Hour), hybrid.WithSyncInterval(50*time.Millisecond))
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		ls = append(ls, h)
+	}
+	// Start in the first tenth of a window; use about half of it.
+	idx, left := serverWindow(t, direct, limit.Period)
+	if left < limit.Period*9/10 {
+		time.Sleep(left + 5*time.Millisecond)
+		idx, _ = serverWindow(t, direct, limit.Period)
+	}
+	tl := newTally(limit.Period)
+	ctx := context.Background()
+	for i := 0; i < 200; i++ {
+		l := ls[i%instances]
+		d, err := l.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		tl.add("k", d, 1)
+	}
+	time.Sleep(150 * time.Millisecond) // every instance reconciles
+	free := limit.Rate - redisCount(t, direct, prefix, "k", idx)
+	p.Refuse(true) // Redis is gone for every instance
+	from := time.Now()
+	_, _ = hammer(t, ls, []string{"k"}, 2, time.Until(time.UnixMicro((idx+2)*limit.Period.Microseconds()).Add(100*time.Millisecond)), tl)
+	_, all := tl.windows("k", from, time.Now())
+	t.Logf("window %d: free %d when Redis went away; admitted per window %v", idx, free, all)
+	require.LessOrEqual(t, all[idx], 2*limit.Rate-free, "the window the outage began in")
+	require.LessOrEqual(t, all[idx+1], limit.Rate, "a window that began during the outage")
+	require.Greater(t, all[idx+1], limit.Rate*9/10, "FailLocal serves each instance's share")
+	p.Refuse(false)
+}
