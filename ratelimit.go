@@ -41,11 +41,14 @@ func PerHour(n int) Limit { return Limit{Rate: n, Period: time.Hour} }
 // example, 2,500,000 per hour or 100,000 per day.
 const MaxExact = 1 << 53
 
-// Capacity returns the most events a single decision can ever admit: Burst
-// (or Rate when Burst is 0). It is meaningful for every algorithm: for the
-// window algorithms Burst is ignored and Capacity is Rate.
-func (l Limit) Capacity() int {
-	if l.Burst > 0 {
+// Capacity returns the most events one key can be admitted at once under
+// algorithm a, which is also the largest n an AllowN accepts and the quota
+// the rate-limit headers advertise: Rate for the window algorithms
+// (FixedWindow, SlidingWindow, SlidingLog), which ignore Burst; Burst for the
+// buckets (TokenBucket, GCRA), or Rate when Burst is 0. For an invalid
+// Algorithm it returns Rate.
+func (l Limit) Capacity(a Algorithm) int {
+	if (a == TokenBucket || a == GCRA) && l.Burst > 0 {
 		return l.Burst
 	}
 	return l.Rate
@@ -68,8 +71,8 @@ func (l Limit) Validate() error {
 	if hi, lo := mul64(uint64(l.Rate), p); hi != 0 || lo > MaxExact {
 		return fmt.Errorf("%w: Rate x Period (%d x %v) is too large to count exactly", ErrInvalidLimit, l.Rate, l.Period)
 	}
-	if hi, lo := mul64(uint64(l.Capacity()), p); hi != 0 || lo > MaxExact {
-		return fmt.Errorf("%w: Burst x Period (%d x %v) is too large to count exactly", ErrInvalidLimit, l.Capacity(), l.Period)
+	if hi, lo := mul64(uint64(l.Burst), p); hi != 0 || lo > MaxExact {
+		return fmt.Errorf("%w: Burst x Period (%d x %v) is too large to count exactly", ErrInvalidLimit, l.Burst, l.Period)
 	}
 	return nil
 }
@@ -186,6 +189,12 @@ type Decision struct {
 	Allowed bool
 	// Limit is the limit the decision was taken against.
 	Limit Limit
+	// Algorithm is the algorithm the decision was counted with. With Limit
+	// it gives the key's capacity, Limit.Capacity(Algorithm): the scale of
+	// Remaining and the quota SetHeaders advertises. Every limiter of this
+	// module sets it; a Limiter elsewhere that leaves it zero reads as
+	// FixedWindow, whose capacity is Rate.
+	Algorithm Algorithm
 	// Remaining is how many more events the key could take right after this
 	// decision (never negative). For the window algorithms it is what is left
 	// of Rate in the current window; for the buckets, the whole tokens left.
@@ -241,11 +250,12 @@ const (
 )
 
 // SetHeaders writes d as the conventional rate-limit response headers:
-// X-RateLimit-Limit (the capacity), X-RateLimit-Remaining, X-RateLimit-Reset
-// (seconds until reset, rounded up) and, when d is denied, Retry-After
-// (seconds, rounded up, at least 1).
+// X-RateLimit-Limit (the key's capacity, d.Limit.Capacity(d.Algorithm): Rate
+// for the window algorithms, Burst or Rate for the buckets),
+// X-RateLimit-Remaining, X-RateLimit-Reset (seconds until reset, rounded up)
+// and, when d is denied, Retry-After (seconds, rounded up, at least 1).
 func SetHeaders(h http.Header, d Decision) {
-	h.Set(HeaderLimit, strconv.Itoa(d.Limit.Capacity()))
+	h.Set(HeaderLimit, strconv.Itoa(d.Limit.Capacity(d.Algorithm)))
 	h.Set(HeaderRemaining, strconv.Itoa(max(d.Remaining, 0)))
 	h.Set(HeaderReset, strconv.FormatInt(ceilSeconds(d.ResetAfter), 10))
 	if !d.Allowed {
@@ -297,11 +307,7 @@ func CheckN(l Limit, a Algorithm, n int) error {
 	if n <= 0 {
 		return fmt.Errorf("%w: n must be > 0, got %d", ErrInvalidN, n)
 	}
-	c := l.Rate
-	if !a.IsWindow() {
-		c = l.Capacity()
-	}
-	if n > c {
+	if c := l.Capacity(a); n > c {
 		return fmt.Errorf("%w: n = %d exceeds the capacity %d of %v; it could never be admitted", ErrInvalidN, n, c, l)
 	}
 	return nil

@@ -22,8 +22,14 @@ func TestLimitValidate(t *testing.T) {
 		require.ErrorIs(t, l.Validate(), ratelimit.ErrInvalidLimit, "%+v", l)
 	}
 	require.Equal(t, "100/1m0s burst 20", ratelimit.Limit{Rate: 100, Period: time.Minute, Burst: 20}.String())
-	require.Equal(t, 100, ratelimit.PerMinute(100).Capacity())
-	require.Equal(t, 20, ratelimit.Limit{Rate: 100, Period: time.Minute, Burst: 20}.Capacity())
+	for _, a := range ratelimit.Algorithms() {
+		require.Equal(t, 100, ratelimit.PerMinute(100).Capacity(a), "%v", a)
+		for _, b := range []int{20, 200} {
+			require.Equal(t, wantCapacity(ratelimit.Limit{Rate: 100, Burst: b}, a),
+				ratelimit.Limit{Rate: 100, Period: time.Minute, Burst: b}.Capacity(a), "%v burst %d", a, b)
+		}
+	}
+	require.Equal(t, 100, ratelimit.Limit{Rate: 100, Period: time.Minute, Burst: 20}.Capacity(ratelimit.Algorithm(9)), "an invalid algorithm")
 	require.Equal(t, 10*time.Millisecond, ratelimit.PerSecond(100).Every())
 }
 

@@ -54,13 +54,13 @@ func newFailure(c *config) (*failure, error) {
 }
 
 // decide answers without Redis, per the failure mode.
-func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, key string, n int) (ratelimit.Decision, error) {
+func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, alg ratelimit.Algorithm, key string, n int) (ratelimit.Decision, error) {
 	f.count.Add(1)
 	switch f.mode {
 	case ratelimit.FailOpen:
-		return ratelimit.Decision{Allowed: true, Limit: limit, Remaining: limit.Rate - n}, nil
+		return ratelimit.Decision{Allowed: true, Limit: limit, Algorithm: alg, Remaining: limit.Capacity(alg) - n}, nil
 	case ratelimit.FailClosed:
-		return ratelimit.Decision{Limit: limit, RetryAfter: f.openFor, ResetAfter: f.openFor}, nil
+		return ratelimit.Decision{Limit: limit, Algorithm: alg, RetryAfter: f.openFor, ResetAfter: f.openFor}, nil
 	}
 	return f.fallback.AllowN(ctx, key, n)
 }

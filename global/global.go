@@ -101,13 +101,13 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
 	switch c.alg {
 	case ratelimit.TokenBucket:
-		l.rest, l.nrest = [4]any{int64(limit.Rate), p, int64(limit.Capacity()) * p, kind}, 4
+		l.rest, l.nrest = [4]any{int64(limit.Rate), p, int64(limit.Capacity(c.alg)) * p, kind}, 4
 	case ratelimit.GCRA:
 		if p < int64(limit.Rate) {
 			return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %d/%v", ratelimit.ErrInvalidLimit, limit.Rate, limit.Period)
 		}
 		t := p / int64(limit.Rate)
-		l.rest, l.nrest = [4]any{t, int64(limit.Capacity()) * t, kind}, 3
+		l.rest, l.nrest = [4]any{t, int64(limit.Capacity(c.alg)) * t, kind}, 3
 	default: // the windows and the log
 		l.rest, l.nrest = [4]any{int64(limit.Rate), p, kind}, 3
 	}
@@ -163,7 +163,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 			return ratelimit.Decision{}, err
 		}
 		if !l.fail.brk.Allow() {
-			return l.fail.decide(ctx, l.limit, key, n)
+			return l.fail.decide(ctx, l.limit, l.alg, key, n)
 		}
 		var cancel context.CancelFunc
 		callCtx, cancel = context.WithTimeout(ctx, l.fail.timeout)
@@ -176,7 +176,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		}
 		if l.fail != nil {
 			l.fail.brk.Failure()
-			return l.fail.decide(ctx, l.limit, key, n)
+			return l.fail.decide(ctx, l.limit, l.alg, key, n)
 		}
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script: %w", l.alg, err)
 	}
@@ -189,6 +189,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	return ratelimit.Decision{
 		Allowed:    res[0] == 1,
 		Limit:      l.limit,
+		Algorithm:  l.alg,
 		Remaining:  int(max(res[1], 0)),
 		RetryAfter: time.Duration(res[2]) * time.Microsecond,
 		ResetAfter: time.Duration(res[3]) * time.Microsecond,

@@ -157,11 +157,8 @@ func TestModel(t *testing.T) {
 				now := int64(1_000_000_123_457)
 				lim := newLimiter(t, c, limit, global.WithAlgorithm(alg), global.WithClock(clk.Now))
 				P := int64(limit.Period / time.Microsecond)
-				m := &model{alg: alg, r: int64(limit.Rate), p: P, b: int64(limit.Capacity()), windows: map[int64]int64{}}
-				capacity := limit.Rate
-				if !alg.IsWindow() {
-					capacity = limit.Capacity()
-				}
+				m := &model{alg: alg, r: int64(limit.Rate), p: P, b: int64(limit.Capacity(alg)), windows: map[int64]int64{}}
+				capacity := limit.Capacity(alg)
 				rng := rand.New(rand.NewPCG(uint64(li), uint64(alg)))
 				var allowed, denied int
 				for i := 0; i < 400; i++ {

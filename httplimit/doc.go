@@ -15,7 +15,7 @@
 //
 // By default every response the limiter decided carries
 //
-//	X-RateLimit-Limit      the policy's quota (see WithQuota)
+//	X-RateLimit-Limit      the quota: Decision.Limit.Capacity(Decision.Algorithm), or WithQuota's
 //	X-RateLimit-Remaining  Decision.Remaining
 //	X-RateLimit-Reset      Unix time, in seconds rounded up, when the quota is full again (now + Decision.ResetAfter)
 //	RateLimit-Policy       "<name>";q=<quota>;w=<window seconds>
@@ -24,9 +24,9 @@
 // and a denied one also Retry-After: Decision.RetryAfter in whole seconds,
 // rounded up, never 0. RateLimit-Policy and RateLimit are the structured
 // fields of draft-ietf-httpapi-ratelimit-headers; WithHeaders selects which
-// sets are sent. The quota defaults to Decision.Limit.Rate, which is the
-// quota of the window algorithms; for TokenBucket and GCRA pass the bucket
-// size with WithQuota if Burst differs from Rate.
+// sets are sent. The quota is the capacity Remaining counts down from: Rate
+// for the window algorithms, Burst (or Rate when Burst is 0) for TokenBucket
+// and GCRA.
 //
 // # Errors
 //

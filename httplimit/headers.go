@@ -21,23 +21,26 @@ const (
 )
 
 // policyStrings are the header values that depend only on the policy and on
-// the Limit of its decisions: built once per Limit, not once per request.
+// the Limit and Algorithm of its decisions: built once per limit, not once
+// per request.
 type policyStrings struct {
 	limit  ratelimit.Limit
+	alg    ratelimit.Algorithm
 	quota  string // X-RateLimit-Limit
 	policy string // the policy's member of RateLimit-Policy
 }
 
-func (m *middleware) policyStrings(l ratelimit.Limit) *policyStrings {
-	if p := m.static.Load(); p != nil && p.limit == l {
+func (m *middleware) policyStrings(l ratelimit.Limit, a ratelimit.Algorithm) *policyStrings {
+	if p := m.static.Load(); p != nil && p.limit == l && p.alg == a {
 		return p
 	}
 	q := m.quota
 	if q == 0 {
-		q = l.Rate
+		q = l.Capacity(a)
 	}
 	p := &policyStrings{
 		limit:  l,
+		alg:    a,
 		quota:  strconv.Itoa(q),
 		policy: string(appendPolicyMember(nil, m.quotedName, q, l.Period)),
 	}
@@ -61,7 +64,7 @@ func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bo
 	if sets == 0 {
 		return
 	}
-	ps := m.policyStrings(d.Limit)
+	ps := m.policyStrings(d.Limit, d.Algorithm)
 	remaining := max(d.Remaining, 0)
 
 	// The values that change per request are appended to one buffer that

@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/textproto"
@@ -20,8 +21,8 @@ import (
 
 // A day-long fixed window: a run of a few requests crosses a window boundary
 // only at midnight UTC, and testLimitThenDeny retries with a fresh key if it
-// did.
-var dayLimit = ratelimit.Limit{Rate: 5, Period: 24 * time.Hour}
+// did. The window algorithms ignore its Burst: the headers advertise Rate.
+var dayLimit = ratelimit.Limit{Rate: 5, Period: 24 * time.Hour, Burst: 2}
 
 func TestLimitThenDenyLocal(t *testing.T) {
 	// A fixed clock: the decisions are exact and no window rolls.
@@ -57,13 +58,26 @@ func TestLimitThenDenyHybrid(t *testing.T) {
 	require.Zero(t, lim.Stats().Fallback, "every decision must come from Redis-granted quota")
 }
 
-// A token bucket of 3 that refills 1 per second, advertised as its burst.
+// noAlgorithm is a Limiter from elsewhere that does not fill
+// Decision.Algorithm: its decisions read as FixedWindow's.
+type noAlgorithm struct{ ratelimit.Limiter }
+
+func (l noAlgorithm) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+	d, err := l.Limiter.AllowN(ctx, key, n)
+	d.Algorithm = 0
+	return d, err
+}
+
+// A token bucket of 3 that refills 1 per second, behind a limiter that does
+// not say it is a bucket: WithQuota advertises its burst.
 func TestLimitThenDenyBucketQuota(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	limit := ratelimit.Limit{Rate: 1, Period: time.Second, Burst: 3}
 	lim, err := local.New(limit, local.WithAlgorithm(ratelimit.TokenBucket), local.WithClock(func() time.Time { return now }))
 	require.NoError(t, err)
-	srv, rec := serve(t, lim, httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithQuota(3))
+	srv, _ := serve(t, noAlgorithm{lim}, httplimit.WithKey(httplimit.Header("X-User")))
+	require.Equal(t, "1", get(t, srv, "X-User", "other").header.Get("X-RateLimit-Limit"), "without WithQuota: Rate")
+	srv, rec := serve(t, noAlgorithm{lim}, httplimit.WithKey(httplimit.Header("X-User")), httplimit.WithQuota(3))
 	for i := 0; i < 4; i++ {
 		r := get(t, srv, "X-User", "u")
 		d := rec.last(t).Decision

@@ -34,7 +34,7 @@ type config struct {
 	shadow     bool
 	name       string
 	quotedName string // name as a structured-field string, set by newMiddleware
-	quota      int    // 0: Decision.Limit.Rate
+	quota      int    // 0: the decision's capacity
 	headers    HeaderSet
 	denied     DeniedHandler
 	onError    ErrorHandler
@@ -119,10 +119,11 @@ func WithPolicyName(name string) Option {
 }
 
 // WithQuota sets the quota advertised in X-RateLimit-Limit and in the q
-// parameter of RateLimit-Policy. By default it is Decision.Limit.Rate: the
-// most a window algorithm admits per window, and the refill per period of a
-// bucket. For a TokenBucket or GCRA limiter whose Burst differs from Rate,
-// pass the bucket size (Burst) to advertise it instead.
+// parameter of RateLimit-Policy instead of the default, the capacity of each
+// decision, Decision.Limit.Capacity(Decision.Algorithm): Rate for the window
+// algorithms, Burst (or Rate when Burst is 0) for TokenBucket and GCRA. It is
+// for a Limiter that does not fill Decision.Algorithm, or a policy that
+// advertises another number than the one Remaining counts down from.
 func WithQuota(q int) Option {
 	return optionFunc(func(c *config) error {
 		if q <= 0 {

@@ -350,7 +350,7 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 			}
 			if l.avail.CompareAndSwap(a, a-n) {
 				h.admitted(c, l, n, mono)
-				return ratelimit.Decision{Allowed: true, Limit: h.limit,
+				return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm,
 					Remaining:  int(min(a-n+max(0, l.free.Load()), h.rate)),
 					ResetAfter: time.Duration(l.end - mono)}, true
 			}
@@ -358,7 +358,7 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 	}
 	if until := c.blockedUntil.Load(); mono < until {
 		h.deniedOn(c, n)
-		d := ratelimit.Decision{Limit: h.limit, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
+		d := ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
 		if l != nil && mono < l.end {
 			d.Remaining = int(max(0, l.avail.Load()))
 			d.ResetAfter = time.Duration(l.end - mono)
@@ -450,7 +450,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 			// answers with no grant and fast denies until the reset.)
 			h.deniedOn(c, n)
 			c.waited.Add(1)
-			return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
+			return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
 		}
 		if !h.brk.Allow() {
 			d := h.fallback(c, n, mono)
@@ -855,7 +855,7 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 			if share == math.MaxInt64 {
 				rem = h.rate
 			}
-			return ratelimit.Decision{Allowed: true, Limit: h.limit, Remaining: int(min(rem, h.rate)),
+			return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm, Remaining: int(min(rem, h.rate)),
 				ResetAfter: time.Duration(max(l.end-mono, 0))}, true
 		}
 	}
@@ -928,7 +928,7 @@ func (h *Limiter) slowReply(c *counter, n, mono int64) ratelimit.Decision {
 		wait = end - mono // spent: nothing frees before the window ends
 	}
 	wait = max(wait, int64(time.Millisecond))
-	return ratelimit.Decision{Limit: h.limit, RetryAfter: time.Duration(wait), ResetAfter: time.Duration(max(end-mono, wait))}
+	return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(wait), ResetAfter: time.Duration(max(end-mono, wait))}
 }
 
 // fallback decides while the breaker is open, per the failure mode.
@@ -948,10 +948,10 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 		}
 		h.deniedOn(c, n)
 		wait := time.Duration(max(l.end-mono, int64(time.Millisecond)))
-		return ratelimit.Decision{Limit: h.limit, RetryAfter: wait, ResetAfter: wait}
+		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: wait, ResetAfter: wait}
 	default: // FailClosed
 		h.deniedOn(c, n)
-		return ratelimit.Decision{Limit: h.limit, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}
+		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}
 	}
 }
 

@@ -55,10 +55,7 @@ func TestDifferentialGlobal(t *testing.T) {
 					require.NoError(t, err)
 
 					rng := rand.New(rand.NewPCG(seed, uint64(a)<<8|uint64(li)))
-					maxN := min(limit.Rate, 5)
-					if !a.IsWindow() {
-						maxN = min(limit.Capacity(), 5)
-					}
+					maxN := min(limit.Capacity(a), 5)
 					ctx := context.Background()
 					var allowed, denied int
 					for i := 0; i < requests; i++ {

@@ -140,13 +140,10 @@ func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
 		table: NewTable[*state](cfg.maxKeys, nil),
 		p:     p,
 		r:     int64(limit.Rate),
-		b:     int64(limit.Capacity()),
+		b:     int64(limit.Capacity(cfg.algorithm)),
+		maxN:  limit.Capacity(cfg.algorithm),
 	}
 	l.c = l.b * p
-	l.maxN = limit.Rate
-	if !l.alg.IsWindow() {
-		l.maxN = limit.Capacity()
-	}
 	l.fullAfter = ceilDiv(l.c, l.r)
 	if l.clock == nil {
 		l.mono = newMonoClock()
@@ -215,7 +212,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		s.tick++
 		st.promoted = s.tick
 	}
-	d := ratelimit.Decision{Limit: l.limit}
+	d := ratelimit.Decision{Limit: l.limit, Algorithm: l.alg}
 	l.decide(&d, st, now, int64(n))
 	s.mu.Unlock()
 	return d, nil

@@ -57,7 +57,7 @@ func run(t *testing.T, lim *local.Limiter, c *fakeClock, steps []step) {
 		}
 		d, err := lim.AllowN(context.Background(), key, s.n)
 		require.NoError(t, err, "step %d", i)
-		want := ratelimit.Decision{Allowed: s.allowed, Limit: lim.Limit(), Remaining: s.remaining, RetryAfter: s.retry, ResetAfter: s.reset}
+		want := ratelimit.Decision{Allowed: s.allowed, Limit: lim.Limit(), Algorithm: lim.Algorithm(), Remaining: s.remaining, RetryAfter: s.retry, ResetAfter: s.reset}
 		require.Equal(t, want, d, "step %d: %+v", i, s)
 	}
 }

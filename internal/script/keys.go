@@ -50,7 +50,7 @@ func KeyBase(prefix, key string) (string, error) {
 func Kind(a ratelimit.Algorithm, l ratelimit.Limit) string {
 	r := strconv.Itoa(l.Rate)
 	p := strconv.FormatInt(int64(l.Period/time.Microsecond), 10)
-	b := strconv.Itoa(l.Capacity())
+	b := strconv.Itoa(l.Capacity(a))
 	switch a {
 	case ratelimit.FixedWindow:
 		return "fw:" + r
