@@ -34,12 +34,9 @@ func PerMinute(n int) Limit { return Limit{Rate: n, Period: time.Minute} }
 // PerHour returns a Limit of n events per hour.
 func PerHour(n int) Limit { return Limit{Rate: n, Period: time.Hour} }
 
-// MaxExact bounds the products the limiters compute in integer microseconds:
-// Rate x Period and Burst x Period (Period in microseconds) must not exceed it,
-// so that every implementation, including the Lua scripts that run on Redis
-// (whose numbers are IEEE doubles), computes them exactly. It admits, for
-// example, 2,500,000 per hour or 100,000 per day.
-const MaxExact = 1 << 53
+// maxExact bounds the products the limiters compute in integer
+// microseconds (see Validate).
+const maxExact = 1 << 53
 
 // Capacity returns the most events one key can be admitted at once under
 // algorithm a, which is also the largest n an AllowN accepts and the quota
@@ -56,6 +53,13 @@ func (l Limit) Capacity(a Algorithm) int {
 
 // Validate reports whether l can be enforced. It returns an error wrapping
 // ErrInvalidLimit that says which field is wrong.
+//
+// Beyond the sign of each field and a Period of whole microseconds, at least
+// 1ms, it bounds Rate x Period and Burst x Period (Period in microseconds)
+// by 2^53 (9,007,199,254,740,992), so that every implementation, including
+// the Lua scripts that run on Redis (whose numbers are IEEE doubles),
+// computes them exactly. That admits, for example, 2,500,000 per hour or
+// 100,000 per day.
 func (l Limit) Validate() error {
 	switch {
 	case l.Rate <= 0:
@@ -68,10 +72,10 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: Burst must be >= 0, got %d", ErrInvalidLimit, l.Burst)
 	}
 	p := uint64(l.Period / time.Microsecond)
-	if hi, lo := mul64(uint64(l.Rate), p); hi != 0 || lo > MaxExact {
+	if hi, lo := mul64(uint64(l.Rate), p); hi != 0 || lo > maxExact {
 		return fmt.Errorf("%w: Rate x Period (%d x %v) is too large to count exactly", ErrInvalidLimit, l.Rate, l.Period)
 	}
-	if hi, lo := mul64(uint64(l.Burst), p); hi != 0 || lo > MaxExact {
+	if hi, lo := mul64(uint64(l.Burst), p); hi != 0 || lo > maxExact {
 		return fmt.Errorf("%w: Burst x Period (%d x %v) is too large to count exactly", ErrInvalidLimit, l.Burst, l.Period)
 	}
 	return nil
@@ -299,24 +303,3 @@ var (
 	// ErrClosed: the limiter was closed.
 	ErrClosed = errors.New("ratelimit: limiter closed")
 )
-
-// CheckN validates a request of n events against l for algorithm a: n must be
-// > 0 and at most Rate (window algorithms) or Burst (buckets). Limiters call
-// it before doing any work.
-func CheckN(l Limit, a Algorithm, n int) error {
-	if n <= 0 {
-		return fmt.Errorf("%w: n must be > 0, got %d", ErrInvalidN, n)
-	}
-	if c := l.Capacity(a); n > c {
-		return fmt.Errorf("%w: n = %d exceeds the capacity %d of %v; it could never be admitted", ErrInvalidN, n, c, l)
-	}
-	return nil
-}
-
-// CheckKey validates a key: it must not be empty.
-func CheckKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	}
-	return nil
-}

@@ -1,7 +1,6 @@
 package ratelimit_test
 
 import (
-	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -44,14 +43,6 @@ func TestAlgorithm(t *testing.T) {
 	require.Equal(t, "Algorithm(9)", ratelimit.Algorithm(9).String())
 	require.True(t, ratelimit.SlidingLog.IsWindow())
 	require.False(t, ratelimit.GCRA.IsWindow())
-}
-
-func TestCheckN(t *testing.T) {
-	l := ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 20}
-	require.NoError(t, ratelimit.CheckN(l, ratelimit.TokenBucket, 20))
-	require.ErrorIs(t, ratelimit.CheckN(l, ratelimit.FixedWindow, 11), ratelimit.ErrInvalidN)
-	require.ErrorIs(t, ratelimit.CheckN(l, ratelimit.GCRA, 0), ratelimit.ErrInvalidN)
-	require.True(t, errors.Is(ratelimit.CheckKey(""), ratelimit.ErrInvalidKey))
 }
 
 func TestSetHeaders(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/check"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -134,10 +135,10 @@ func (l *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, er
 // window algorithms, Burst for the buckets), before any Redis call; and the
 // Redis error (or ctx's) when the script cannot run, with a zero Decision.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
-	if err := ratelimit.CheckKey(key); err != nil {
+	if err := check.Key(key); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	if err := ratelimit.CheckN(l.limit, l.alg, n); err != nil {
+	if err := check.N(l.limit, l.alg, n); err != nil {
 		return ratelimit.Decision{}, err
 	}
 	base, err := script.KeyBase(l.prefix, key)

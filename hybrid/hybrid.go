@@ -18,6 +18,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/check"
 	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/hybridlimit/ratelimit/local"
 	bgsync "github.com/hybridlimit/ratelimit/sync"
@@ -262,10 +263,10 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		return ratelimit.Decision{}, ratelimit.ErrClosed
 	}
 	if key == "" {
-		return ratelimit.Decision{}, ratelimit.CheckKey(key)
+		return ratelimit.Decision{}, check.Key(key)
 	}
 	if n <= 0 || n > h.limit.Rate {
-		return ratelimit.Decision{}, ratelimit.CheckN(h.limit, h.cfg.algorithm, n)
+		return ratelimit.Decision{}, check.N(h.limit, h.cfg.algorithm, n)
 	}
 	c := h.lookup(key)
 	mono := h.mono()

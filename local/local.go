@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/check"
 )
 
 // DefaultAlgorithm is the Algorithm of a Limiter built without
@@ -179,11 +180,11 @@ func (l *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, er
 // Burst for the buckets). ctx is not consulted: a local decision never
 // waits.
 func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
-	if key == "" || n <= 0 || n > l.maxN { // the checks of CheckKey and CheckN, inlined
-		if err := ratelimit.CheckKey(key); err != nil {
+	if key == "" || n <= 0 || n > l.maxN { // the checks of check.Key and check.N, inlined
+		if err := check.Key(key); err != nil {
 			return ratelimit.Decision{}, err
 		}
-		return ratelimit.Decision{}, ratelimit.CheckN(l.limit, l.alg, n)
+		return ratelimit.Decision{}, check.N(l.limit, l.alg, n)
 	}
 	var now int64
 	if l.clock != nil {
