@@ -172,7 +172,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	}
 	res, err := l.script.Run(callCtx, l.client, []string{base}, args...).Int64Slice()
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
+		if cerr := callerEnded(ctx); cerr != nil {
 			return ratelimit.Decision{}, cerr // the caller gave up, not Redis
 		}
 		if l.fail != nil {
@@ -195,6 +195,20 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		RetryAfter: time.Duration(res[2]) * time.Microsecond,
 		ResetAfter: time.Duration(res[3]) * time.Microsecond,
 	}, nil
+}
+
+// callerEnded returns ctx's error once ctx has ended, and
+// context.DeadlineExceeded once its deadline has passed even if ctx is not
+// marked done yet: go-redis sets the socket's deadline from ctx's, and the
+// read that times out can return a moment before ctx's own timer fires.
+func callerEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // config is what the Options set.
