@@ -19,8 +19,11 @@
 // DefaultMaxKeys) and, beyond that, forgets keys left unused the longest
 // (approximately: see Limiter). A forgotten key starts afresh on its next
 // request, like a key never seen, so the bound should exceed the number of
-// keys active within one Period. Memory per key is about 200 bytes (measured
-// by TestLimiterHeapBounded), plus 8 bytes per logged event for SlidingLog.
+// keys active within one Period. Memory per key is about 230 bytes for a
+// short key and at most 400 whatever the key, since a key longer than 128
+// bytes is kept by its SHA-256 (measured by TestLimiterHeapBounded and
+// TestLongKeyMemoryBounded), plus 8 bytes per logged event for SlidingLog:
+// WithMaxKeys(n) bounds a Limiter to n x 400 bytes, logs aside.
 //
 // Table is the key table itself: a generic LRU split into up to 64 shards,
 // each a hashicorp/golang-lru simplelru.LRU under its own mutex, chosen by

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/check"
+	"github.com/hybridlimit/ratelimit/internal/memkey"
 )
 
 // DefaultAlgorithm is the Algorithm of a Limiter built without
@@ -51,6 +53,10 @@ func WithAlgorithm(a ratelimit.Algorithm) Option {
 // forgotten, and its next request starts afresh, as a key never seen.
 // 0 means DefaultMaxKeys, as in package hybrid; New rejects a negative n
 // with ratelimit.ErrInvalidOption.
+//
+// It bounds the Limiter's memory whatever keys it is given: at most 400
+// bytes per key (see Limiter), so n x 400 bytes in the worst case, plus 8
+// bytes per logged event for SlidingLog.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 0 {
@@ -91,10 +97,15 @@ func WithClock(now func() time.Time) Option {
 // so a key is forgotten only after at least a quarter of its shard's
 // capacity of other keys were inserted or used after its last use.
 //
-// Memory per key: about 200 bytes for FixedWindow, SlidingWindow,
-// TokenBucket and GCRA (table entry, key bytes and counters); SlidingLog adds
-// 8 bytes per logged event, at most Rate events per key (the ring grows on
-// demand up to Rate entries).
+// Memory per key, measured by TestLongKeyMemoryBounded: about 230 bytes for
+// a 16-byte key with FixedWindow, SlidingWindow, TokenBucket and GCRA (table
+// entry, key bytes and counters), and never more than 400 whatever the key:
+// a key of up to 128 bytes is kept as it is (about 350 bytes at 128), a
+// longer one (or one starting with a zero byte) by its 33-byte SHA-256 form
+// (about 270 bytes), so a caller sending 10 KB keys holds no more memory per
+// key than one sending short keys; SHA-256 costs a decision on such a key
+// about 0.7µs per KB. SlidingLog adds 8 bytes per logged event, at most Rate
+// events per key (the ring grows on demand up to Rate entries).
 //
 // A Limiter must be made with New; the zero Limiter is not usable. A Limiter
 // is safe for concurrent use by multiple goroutines.
@@ -186,6 +197,23 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		}
 		return ratelimit.Decision{}, check.N(l.limit, l.alg, n)
 	}
+	if memkey.Hashed(key) {
+		return l.allowHashed(key, int64(n)), nil
+	}
+	return l.allow(key, int64(n)), nil
+}
+
+// allowHashed decides for a key kept by its digest (see Limiter's memory).
+func (l *Limiter) allowHashed(key string, n int64) ratelimit.Decision {
+	var k [memkey.DigestLen]byte
+	memkey.Digest(&k, key)
+	// allow only looks the digest up, and copies it to store it: a string
+	// over the array spares allocating one per decision.
+	return l.allow(unsafe.String(&k[0], len(k)), n)
+}
+
+// allow decides for key, the form the table keeps it in.
+func (l *Limiter) allow(key string, n int64) ratelimit.Decision {
 	var now int64
 	if l.clock != nil {
 		now = l.clock().UnixMicro()
@@ -214,7 +242,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		st.promoted = s.tick
 	}
 	d := ratelimit.Decision{Limit: l.limit, Algorithm: l.alg}
-	l.decide(&d, st, now, int64(n))
+	l.decide(&d, st, now, n)
 	s.mu.Unlock()
-	return d, nil
+	return d
 }

@@ -3,6 +3,7 @@ package local_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,30 @@ func BenchmarkTableGet(b *testing.B) {
 		if i++; i == len(benchKeys) {
 			i = 0
 		}
+	}
+}
+
+// BenchmarkAllowKeyLength: keys up to 128 bytes are kept as they are; a
+// longer one is kept by its SHA-256, which each decision computes.
+func BenchmarkAllowKeyLength(b *testing.B) {
+	ctx := context.Background()
+	for _, n := range []int{16, 128, 129, 1 << 10, 10 << 10} {
+		key := strings.Repeat("k", n)
+		b.Run(strconv.Itoa(n)+"B/Serial", func(b *testing.B) {
+			lim := benchLimiter(b, ratelimit.FixedWindow)
+			b.ReportAllocs()
+			for b.Loop() {
+				lim.Allow(ctx, key)
+			}
+		})
+		b.Run(strconv.Itoa(n)+"B/Parallel", func(b *testing.B) {
+			lim := benchLimiter(b, ratelimit.FixedWindow)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					lim.Allow(ctx, key)
+				}
+			})
+		})
 	}
 }

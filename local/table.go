@@ -9,9 +9,9 @@ import (
 )
 
 // DefaultMaxKeys is the number of keys a Table (and so a Limiter) holds when
-// NewTable is given maxKeys <= 0 or WithMaxKeys is not used. At about 200
-// bytes per key (see Limiter) it bounds a Limiter to about 20 MB, SlidingLog
-// logs aside.
+// NewTable is given maxKeys <= 0 or WithMaxKeys is not used. At most 400
+// bytes per key (see Limiter) it bounds a Limiter to 40 MB, SlidingLog logs
+// aside.
 const DefaultMaxKeys = 100_000
 
 // maxShards bounds the number of shards of a Table.
