@@ -1,10 +1,11 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server and a 6-node Redis Cluster (3 masters, 3 replicas), on
-// free loopback ports, each stopped by PID when the test ends.
+// standalone server, a 6-node Redis Cluster (3 masters, 3 replicas) and a
+// Sentinel deployment (a master, a replica and three redis-sentinel
+// processes), on free loopback ports, each stopped by PID when the test ends.
 //
-// A missing redis-server or redis-cli is a test failure that says how to
-// install them, never a skip: the tests of this module are meant to run
-// against real Redis.
+// A missing redis-server, redis-cli or redis-sentinel is a test failure that
+// says how to install them, never a skip: the tests of this module are meant
+// to run against real Redis.
 package redistest
 
 import (
@@ -27,11 +28,12 @@ import (
 )
 
 // InstallHint tells how to get the Redis binaries.
-const InstallHint = "redis-server and redis-cli are required: on Debian/Ubuntu run `apt-get install -y redis-server` " +
-	"(or `make test`, which installs them); elsewhere install Redis >= 6.2 and put redis-server and redis-cli on PATH"
+const InstallHint = "redis-server, redis-cli and redis-sentinel are required: on Debian/Ubuntu run " +
+	"`apt-get install -y redis-server redis-sentinel` (or `make test`, which installs them); elsewhere install " +
+	"Redis >= 6.2 and put redis-server, redis-cli and redis-sentinel on PATH"
 
-// Binary returns the path of the named Redis binary ("redis-server" or
-// "redis-cli"), or an error carrying InstallHint.
+// Binary returns the path of the named Redis binary ("redis-server",
+// "redis-cli" or "redis-sentinel"), or an error carrying InstallHint.
 func Binary(name string) (string, error) {
 	p, err := exec.LookPath(name)
 	if err != nil {
@@ -40,10 +42,11 @@ func Binary(name string) (string, error) {
 	return p, nil
 }
 
-// Server is one redis-server process on 127.0.0.1.
+// Server is one redis-server (or redis-sentinel) process on 127.0.0.1.
 type Server struct {
 	Port  int
 	dir   string
+	bin   string // the binary's name, for Restart
 	args  []string
 	mu    sync.Mutex
 	cmd   *exec.Cmd
@@ -89,7 +92,7 @@ func StartServer(opt Options) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Port: port, dir: dir, extra: opt.Args}
+		s := &Server{Port: port, dir: dir, bin: "redis-server", extra: opt.Args}
 		s.args = []string{
 			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir,
@@ -189,7 +192,7 @@ func (s *Server) Kill() {
 // Restart starts the server again on the same port after Kill.
 func (s *Server) Restart() error {
 	s.Kill()
-	bin, err := Binary("redis-server")
+	bin, err := Binary(s.bin)
 	if err != nil {
 		return err
 	}

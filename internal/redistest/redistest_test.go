@@ -66,3 +66,39 @@ func TestCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, bad)
 }
+
+func TestSentinel(t *testing.T) {
+	s := redistest.NewSentinel(t)
+	require.Len(t, s.SentinelAddrs(), 3)
+	c := s.Client()
+	defer c.Close()
+	ctx := context.Background()
+	old, err := s.Master(ctx)
+	require.NoError(t, err)
+	require.Same(t, s.Servers[0], old)
+	require.NoError(t, c.Set(ctx, "k", "v", time.Minute).Err())
+	// WAIT: the write reached the replica before the master dies.
+	require.EqualValues(t, 1, c.Wait(ctx, 1, 5000).Val())
+
+	start := time.Now()
+	m, err := s.Failover(30 * time.Second)
+	require.NoError(t, err)
+	t.Logf("failover took %v", time.Since(start))
+	require.Same(t, s.Servers[1], m)
+	require.Zero(t, old.PID(), "the old master stays down")
+	// The failover client finds the new master by itself.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := c.Get(ctx, "k").Result()
+		if err == nil {
+			require.Equal(t, "v", v)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the failover client did not reach the new master: %v", err)
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, c.Set(ctx, "k2", "v2", time.Minute).Err())
+	direct := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer direct.Close()
+	require.Equal(t, "v2", direct.Get(ctx, "k2").Val(), "the client writes to the promoted replica")
+}
