@@ -5,16 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 || ! command -v redis-sentinel >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
-    echo "== installing redis-server (apt-get)"
+    echo "== installing redis-server and redis-sentinel (apt-get)"
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools redis-sentinel >/dev/null
   else
-    echo "redis-server and redis-cli are required and this is not a Debian-like system:" >&2
-    echo "install Redis >= 6.2 and put redis-server and redis-cli on PATH, then run again." >&2
+    echo "redis-server, redis-cli and redis-sentinel are required and this is not a Debian-like system:" >&2
+    echo "install Redis >= 6.2 and put redis-server, redis-cli and redis-sentinel on PATH, then run again." >&2
     exit 1
   fi
 fi
