@@ -2,6 +2,7 @@ package global_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -27,7 +28,12 @@ func Example() {
 
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		d, err := lim.Allow(r.Context(), r.Header.Get("X-API-Key"))
-		if err != nil {
+		switch {
+		case errors.Is(err, ratelimit.ErrInvalidKey): // no API key
+			http.Error(w, "missing API key", http.StatusBadRequest)
+			return
+		case err != nil: // Redis failed (no WithFailureMode), or the request was canceled
+			log.Printf("rate limiter: %v", err) // the error's text is for the logs, not the client
 			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 			return
 		}

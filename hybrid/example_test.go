@@ -1,6 +1,7 @@
 package hybrid_test
 
 import (
+	"errors"
 	"log"
 	"net/http"
 
@@ -22,8 +23,13 @@ func Example() {
 
 	http.HandleFunc("/api", func(w http.ResponseWriter, r *http.Request) {
 		d, err := limiter.Allow(r.Context(), r.Header.Get("X-API-Key"))
-		if err != nil { // an empty key, or the limiter is closed
-			http.Error(w, err.Error(), http.StatusBadRequest)
+		switch {
+		case errors.Is(err, ratelimit.ErrInvalidKey): // no API key
+			http.Error(w, "missing API key", http.StatusBadRequest)
+			return
+		case err != nil: // the request was canceled, or the limiter is closed
+			log.Printf("rate limiter: %v", err) // the error's text is for the logs, not the client
+			http.Error(w, "try again later", http.StatusServiceUnavailable)
 			return
 		}
 		ratelimit.SetHeaders(w.Header(), d)
