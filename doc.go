@@ -3,8 +3,9 @@
 // API key, IP, tenant) together.
 //
 // The root package holds what every limiter shares: Limit (Rate events per
-// Period, with a Burst for the bucket algorithms), Algorithm, Decision, the
-// Limiter interface, the error values and SetHeaders for HTTP responses. The
+// Period, with a Burst for the bucket algorithms) and ParseLimit to read one
+// from configuration ("100/min"), Algorithm, Decision, the Limiter
+// interface, the error values and SetHeaders for HTTP responses. The
 // limiters live in subpackages:
 //
 //   - hybrid: the main API. Each instance answers almost every decision from
