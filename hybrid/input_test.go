@@ -15,13 +15,18 @@ import (
 
 // nilClients are the nil clients a configuration mistake produces: a
 // variable of each concrete client type left unset, and a nil interface.
+// wrapped is a client type of the caller's own: a typed nil of it must be
+// caught as well as go-redis' own types.
+type wrapped struct{ *redis.Client }
+
 func nilClients() map[string]redis.UniversalClient {
 	var (
 		c    *redis.Client
 		cc   *redis.ClusterClient
 		ring *redis.Ring
+		w    *wrapped
 	)
-	return map[string]redis.UniversalClient{"nil": nil, "*redis.Client": c, "*redis.ClusterClient": cc, "*redis.Ring": ring}
+	return map[string]redis.UniversalClient{"nil": nil, "*redis.Client": c, "*redis.ClusterClient": cc, "*redis.Ring": ring, "*wrapped": w}
 }
 
 // A nil client, typed or not, is a clear error from New wrapping

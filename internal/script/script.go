@@ -8,6 +8,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -169,18 +170,16 @@ func NewNonce(r uint64) string {
 // run (the server lost its script cache).
 func IsNoScript(err error) bool { return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") }
 
-// IsNilClient reports whether c is nil, or a nil pointer of one of
-// go-redis' client types (a typed nil in the interface).
+// IsNilClient reports whether c is nil, or a nil pointer (or map, slice,
+// func, chan or interface) of any type in the interface: a typed nil, which
+// would panic on first use, on a background goroutine.
 func IsNilClient(c redis.UniversalClient) bool {
-	switch v := c.(type) {
-	case nil:
+	if c == nil {
 		return true
-	case *redis.Client:
-		return v == nil
-	case *redis.ClusterClient:
-		return v == nil
-	case *redis.Ring:
-		return v == nil
+	}
+	switch v := reflect.ValueOf(c); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
 	}
 	return false
 }
