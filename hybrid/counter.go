@@ -14,6 +14,7 @@ import (
 type lease struct {
 	avail    atomic.Int64  // leased units not yet used
 	tick     atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units
+	low      atomic.Int64  // when avail falls below it, the key asks the syncer for more (read beside avail)
 	credit   atomic.Int64  // units admitted on credit (optimistic, slow reply, fallback), not yet reported
 	borrowed atomic.Int64  // units admitted on credit in this window, reported or not
 	free     atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
@@ -173,6 +174,14 @@ func (c *counter) retireLease(l *lease, moot bool) {
 	if l.idx >= c.spentIdx {
 		c.spentIdx, c.spent = l.idx, b
 	}
+}
+
+// grow adds g units to l and sets its low-water mark: a quarter of what it
+// then holds, so the syncer hears of the key while the lease still covers
+// about a third of the demand it was sized for.
+func (l *lease) grow(g int64) {
+	a := l.avail.Add(g)
+	l.low.Store(max(1, a/4))
 }
 
 // closedBudget marks a lease's credit budget as closed: no borrow's CAS can

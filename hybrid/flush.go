@@ -219,11 +219,13 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		blocked := mono < c.blockedUntil.Load()
 		switch {
 		case blocked:
-		case !quiet && (cur == nil || !cur.known):
-			// In use without quota of its own (its lease ran out, or it
-			// lives on credit): lease in the background.
-			a.Want = max(h.need(c, mono, end), h.floor())
-		case !quiet && cur.avail.Load() < int64(c.rate*float64(2*h.tickGap.Load())/float64(h.periodNS))+1:
+		case cur == nil || !cur.known:
+			if !quiet {
+				// In use without quota of its own (its lease ran out, or it
+				// lives on credit): lease in the background.
+				a.Want = max(h.need(c, mono, end), h.floor())
+			}
+		case cur.avail.Load() < max(cur.low.Load(), int64(c.rate*float64(2*h.tickGap.Load())/float64(h.periodNS))+1):
 			// about to run dry
 			a.Want = max(h.need(c, mono, end)-cur.avail.Load(), h.floor())
 		}
@@ -334,6 +336,11 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 				fresh = fresh || !o.args.Resent
 				h.applied(o.c, o.args, r, before, after)
 				h.landed(o, nil)
+				if o.f != nil {
+					// a decision's lease: the syncer schedules the key's
+					// next visits (to lease ahead of the next window)
+					h.soon(o.c)
+				}
 				continue
 			}
 		}

@@ -351,6 +351,9 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 			}
 			if l.avail.CompareAndSwap(a, a-n) {
 				h.admitted(c, l, n, mono)
+				if a-n < l.low.Load() {
+					h.soon(c) // running low: the syncer tops it up
+				}
 				return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm,
 					Remaining:  int(min(a-n+max(0, l.free.Load()), h.rate)),
 					ResetAfter: time.Duration(l.end - mono)}, true
@@ -370,26 +373,34 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 }
 
 // admitted records an admitted decision: one atomic add for the counts
-// (beside avail), a store of the last use only when it moved by a 32nd of
-// the period (it serves idle detection only, and a store on every decision
-// would make the counter's cache line bounce between cores), and a mark for
-// the syncer once per tick.
+// (beside avail), and a store of the last use only when it moved by a 32nd
+// of the period (it serves idle detection only, and a store on every
+// decision would make the counter's cache line bounce between cores). The
+// syncer does not hear of every key in use every tick (with many keys,
+// marking each once per tick is a lock every goroutine meets): it visits a
+// key when its lease runs low (see fast), and at the times it scheduled
+// (see scheduleLocked).
 func (h *Limiter) admitted(c *counter, l *lease, n, mono int64) {
 	l.tick.Add(1<<32 | uint64(n))
 	h.used(c, mono)
 }
 
 // deniedOn records a denied decision of n units (one atomic add): it
-// counts as demand.
+// counts as demand, and the syncer hears of it.
 func (h *Limiter) deniedOn(c *counter, n int64) {
 	c.missed.Add(1<<32 | uint64(n))
 	h.used(c, h.mono())
+	h.soon(c)
 }
 
 func (h *Limiter) used(c *counter, mono int64) {
 	if mono-c.lastUse.Load() > h.useGrain {
 		c.lastUse.Store(mono)
 	}
+}
+
+// soon marks c for the syncer's next tick, once per tick.
+func (h *Limiter) soon(c *counter) {
 	if !c.dirty.Load() && c.dirty.CompareAndSwap(false, true) {
 		h.syncer.Mark(c)
 	}
@@ -782,7 +793,7 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 		c.owe(idx, g, 0)
 		h.mark(c)
 	case cur != nil && cur.idx == idx && cur.known:
-		cur.avail.Add(g)
+		cur.grow(g)
 		c.blockedUntil.Store(0)
 	case cur != nil && cur.idx == idx:
 		// The lease in hand was estimated to hold credit: a known lease of
@@ -790,12 +801,12 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 		// move over. Publish first, then retire: a caller holding the old
 		// one fails its CAS and finds the new one.
 		nl := c.newLease(idx, start, end, true)
-		nl.avail.Store(g)
+		nl.grow(g)
 		carried := nl.borrowed.Load()
 		c.cur.Store(nl)
 		nl.borrowed.Add(max(0, cur.closeBorrowing()-carried))
 		nl.credit.Add(cur.credit.Swap(0))
-		nl.avail.Add(cur.avail.Swap(0))
+		nl.grow(cur.avail.Swap(0))
 		c.old = append(c.old, cur)
 		c.blockedUntil.Store(0)
 	case mono >= start-h.clk.errorBound() && (cur == nil || cur.idx < idx):
@@ -803,13 +814,12 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 		// quota leased ahead for it, if any (given back, it would come too
 		// late for callers already told the window is spent).
 		nl := c.newLease(idx, start, end, true)
-		nl.avail.Store(g)
 		if n := c.next; n != nil && n.idx == idx {
 			c.next = nil
 			nl = n
-			nl.avail.Add(g)
 			nl.pre = false
 		}
+		nl.grow(g)
 		c.cur.Store(nl)
 		if cur != nil {
 			c.retireLease(cur, h.moot(cur.idx, mono))
@@ -823,10 +833,10 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 		}
 		c.blockedUntil.Store(0)
 	case c.next != nil && c.next.idx == idx:
-		c.next.avail.Add(g)
+		c.next.grow(g)
 	case c.next == nil && (cur == nil || cur.idx < idx):
 		nl := c.newLease(idx, start, end, true)
-		nl.avail.Store(g)
+		nl.grow(g)
 		nl.pre = true
 		c.next = nl
 		h.mark(c) // the syncer watches it: given back if the key goes quiet
@@ -852,6 +862,7 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 		if l.borrowed.CompareAndSwap(b, b+n) {
 			l.credit.Add(n)
 			h.admitted(c, l, n, mono)
+			h.soon(c) // credit to report
 			rem := share - b - n
 			if share == math.MaxInt64 {
 				rem = h.rate
