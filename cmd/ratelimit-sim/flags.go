@@ -42,16 +42,10 @@ func defaults() config {
 		period:    time.Second,
 		duration:  5 * time.Second,
 		sync:      hybrid.DefaultSyncInterval,
-		// Not hybrid.DefaultTimeout (100ms): the sim runs dozens of busy
-		// goroutines and, by default, Redis itself in one process, on
-		// machines that may have 2 shared cores, where a reply can sit in
-		// the run queue for over 100ms. The failure mode would then decide,
-		// and the run would measure it instead of the limiter. The
-		// fallback count is printed; --timeout 100ms shows the default.
-		timeout: time.Second,
-		mode:    hybrid.Strict,
-		prefix:  "ratelimit-sim",
-		seed:    1,
+		timeout:   hybrid.DefaultTimeout,
+		mode:      hybrid.Strict,
+		prefix:    "ratelimit-sim",
+		seed:      1,
 	}
 }
 
@@ -72,7 +66,7 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.period, "period", c.period, "the limit's period (fixed window)")
 	fs.DurationVar(&c.duration, "duration", c.duration, "how long each phase runs")
 	fs.DurationVar(&c.sync, "sync", c.sync, "hybrid sync interval")
-	fs.DurationVar(&c.timeout, "timeout", c.timeout, "hybrid Redis call timeout (after it a decision follows the failure mode; the library's default is 100ms)")
+	fs.DurationVar(&c.timeout, "timeout", c.timeout, "the most a hybrid decision waits on Redis (hybrid.WithTimeout; the library's default)")
 	fs.BoolVar(&c.fixInstances, "fix-instances", false, "tell every hybrid instance the fleet size (WithInstances) instead of letting it learn it by heartbeat")
 	mode := fs.String("mode", c.mode.String(), "hybrid mode: strict or optimistic")
 	fs.StringVar(&c.prefix, "prefix", c.prefix, "Redis key prefix (a run id and the phase are appended)")

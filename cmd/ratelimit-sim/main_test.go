@@ -12,7 +12,6 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/require"
-
 )
 
 // tiny flags: two short phases on the embedded miniredis. The long timeout

@@ -106,7 +106,8 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("full windows per key", fmt.Sprint(h.fullWindows), fmt.Sprint(g.fullWindows))
 	row("hybrid leases granted / sync flush errors", commas(h.stats.Leases)+" / "+commas(h.stats.FlushErrors), "-")
 	row("fleet size as the hybrid instances see it", fmt.Sprintf("%d..%d", h.instLo, h.instHi), "-")
-	row("fallback decisions (Redis too slow)", commas(h.stats.Fallback), "-")
+	row("decisions Redis did not answer in time", commas(h.stats.NoReply), "-")
+	row("fallback decisions (breaker open)", commas(h.stats.Fallback), "-")
 	row("errors", commas(h.errs), commas(g.errs))
 	fmt.Fprintln(out)
 

@@ -202,6 +202,7 @@ func addStats(s *hybrid.Stats, x hybrid.Stats) {
 	s.Reported += x.Reported
 	s.FlushErrors += x.FlushErrors
 	s.Fallback += x.Fallback
+	s.NoReply += x.NoReply
 	s.KeysTracked += x.KeysTracked
 	s.Instances = max(s.Instances, x.Instances)
 }
