@@ -225,8 +225,12 @@ func WithBreaker(failures int, openFor time.Duration) Option {
 	})
 }
 
-// WithInstanceID names this instance in Redis (default: random). Two live
-// limiters must never share an id.
+// WithInstanceID names this instance in the fleet registry (default:
+// random), where heartbeats count the instances that share a quota.
+// Limiters of one process on one prefix may share an id, so the process
+// counts once; two processes must never share one, or the fleet looks
+// smaller than it is (larger leases, and a larger FailLocal budget, per
+// instance).
 func WithInstanceID(id string) Option {
 	return optionFunc(func(c *config) error {
 		if id == "" {
