@@ -3,8 +3,8 @@ package hybrid
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
