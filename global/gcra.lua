@@ -12,57 +12,27 @@
 --
 -- Exactness: T, tau, n*T and d = tat - now are integers <= 2^53, exact in a
 -- Lua double, but tat itself (now + up to tau) can exceed 2^53 when B*T is
--- long (decades), so tat is never formed as a double: it is read and
--- written as a decimal string in two halves of 8 digits, and the script
--- works with d. ntat - now is d + n*T; ntat - tau - now is n*T - (tau - d).
+-- long (decades), so tat is never formed as a double (tat_delay and
+-- tat_string in the prelude), and the script works with d. ntat - now is
+-- d + n*T; ntat - tau - now is n*T - (tau - d).
 
--- fdiv, cdiv, clock and expiry_ms come from internal/script/prelude.lua,
--- prepended when the script is built.
+-- fdiv, cdiv, clock, expiry_ms, tat_delay and tat_string come from
+-- internal/script/prelude.lua, prepended when the script is built.
 
 local now = clock(ARGV[1])
 local n = tonumber(ARGV[2])
 local T = tonumber(ARGV[3])
 local tau = tonumber(ARGV[4])
 
-local E = 100000000 -- 10^8: tat = hi * E + lo
-local nh = fdiv(now, E)
-local nl = now - nh * E
-
 local key = KEYS[1] .. ARGV[5]
--- d = max(tat, now) - now; an absent key has tat = now.
-local d = 0
-local s = redis.call('GET', key)
-if s then
-  local hi, lo = 0, tonumber(s)
-  if string.len(s) > 8 then
-    hi = tonumber(string.sub(s, 1, -9))
-    lo = tonumber(string.sub(s, -8))
-  end
-  if hi and lo then
-    d = (hi - nh) * E + (lo - nl)
-    if d < 0 then d = 0 end
-  end
-end
+local d = tat_delay(redis.call('GET', key), now) -- max(tat, now) - now
 
 local nT = n * T
 local allowed = 0
 local retry = 0
 if d + nT <= tau then -- ntat - now <= tau
   d = d + nT
-  local dh = fdiv(d, E)
-  local lo = nl + (d - dh * E)
-  local hi = nh + dh
-  if lo >= E then
-    lo = lo - E
-    hi = hi + 1
-  end
-  local tat
-  if hi > 0 then
-    tat = string.format('%d%08d', hi, lo)
-  else
-    tat = string.format('%d', lo)
-  end
-  redis.call('SET', key, tat, 'PX', expiry_ms(d))
+  redis.call('SET', key, tat_string(now, d), 'PX', expiry_ms(d))
   allowed = 1
 else
   retry = nT - (tau - d)

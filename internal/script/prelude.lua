@@ -73,3 +73,37 @@ end
 local function wkey(base, kind, i)
   return base .. kind .. ':' .. string.format('%d', i)
 end
+
+-- GCRA's theoretical arrival time tat can pass 2^53 microseconds (now plus
+-- a tolerance of decades), so it is never formed as a double: it is kept as
+-- its decimal digits and handled as d = max(tat, now) - now, a duration.
+-- tat_delay reads d from the stored string s (absent: 0); tat_string writes
+-- now + d back, in two halves of 8 digits.
+local E8 = 100000000
+local function tat_delay(s, now)
+  if not s then return 0 end
+  local nh = fdiv(now, E8)
+  local nl = now - nh * E8
+  local hi, lo = 0, tonumber(s)
+  if string.len(s) > 8 then
+    hi = tonumber(string.sub(s, 1, -9))
+    lo = tonumber(string.sub(s, -8))
+  end
+  if not (hi and lo) then return 0 end
+  local d = (hi - nh) * E8 + (lo - nl)
+  if d < 0 then d = 0 end
+  return d
+end
+local function tat_string(now, d)
+  local nh = fdiv(now, E8)
+  local nl = now - nh * E8
+  local dh = fdiv(d, E8)
+  local lo = nl + (d - dh * E8)
+  local hi = nh + dh
+  if lo >= E8 then
+    lo = lo - E8
+    hi = hi + 1
+  end
+  if hi > 0 then return string.format('%d%08d', hi, lo) end
+  return string.format('%d', lo)
+end
