@@ -123,27 +123,36 @@ var ErrBadReply = errors.New("ratelimit: unexpected script reply")
 
 // ParseLease reads the reply of a Lease call.
 func ParseLease(v any) (Reply, error) {
-	vals, ok := v.([]any)
-	if !ok || len(vals) != 9 {
-		return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+	f, err := ints(v, 9)
+	if err != nil {
+		return Reply{}, err
 	}
-	var f [9]int64
+	return Reply{Idx: f[0], Now: f[1], Reset: f[2], Grant: f[3], Count: f[4], Retry: f[5],
+		GrantNext: f[6], CountNext: f[7], Replayed: f[8] == 1, Unknown: f[8] == 2}, nil
+}
+
+// ints reads a script reply of n integers.
+func ints(v any, n int) ([]int64, error) {
+	vals, ok := v.([]any)
+	if !ok || len(vals) != n {
+		return nil, fmt.Errorf("%w: %v", ErrBadReply, v)
+	}
+	f := make([]int64, n)
 	for i, x := range vals {
 		switch t := x.(type) {
 		case int64:
 			f[i] = t
 		case string:
-			n, err := strconv.ParseInt(t, 10, 64)
+			m, err := strconv.ParseInt(t, 10, 64)
 			if err != nil {
-				return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+				return nil, fmt.Errorf("%w: %v", ErrBadReply, v)
 			}
-			f[i] = n
+			f[i] = m
 		default:
-			return Reply{}, fmt.Errorf("%w: %v", ErrBadReply, v)
+			return nil, fmt.Errorf("%w: %v", ErrBadReply, v)
 		}
 	}
-	return Reply{Idx: f[0], Now: f[1], Reset: f[2], Grant: f[3], Count: f[4], Retry: f[5],
-		GrantNext: f[6], CountNext: f[7], Replayed: f[8] == 1, Unknown: f[8] == 2}, nil
+	return f, nil
 }
 
 // nonceAlphabet: letters, so that a nonce is safe in a record whatever
@@ -182,4 +191,73 @@ func IsNilClient(c redis.UniversalClient) bool {
 		return v.IsNil()
 	}
 	return false
+}
+
+//go:embed bucket.lua
+var bucketSource string
+
+// Bucket is the hybrid's lease script for the buckets (bucket.lua), on the
+// state global's TokenBucket and GCRA scripts keep. Its arguments are built
+// by BucketArgs and its reply read by ParseBucket.
+var Bucket = New(bucketSource)
+
+// BucketArgs are the arguments of one Bucket call for one key.
+type BucketArgs struct {
+	Base      string
+	Algorithm ratelimit.Algorithm // TokenBucket or GCRA
+	Limit     ratelimit.Limit
+	Now       int64 // microseconds since the epoch; <= 0 reads Redis TIME
+
+	Nonce  string // see LeaseArgs.Nonce; GCRA keeps no record
+	Seq    int64  // the caller's own sequence number of the call (not sent)
+	Resent bool
+
+	Instances int64 // instances sharing the bucket
+	Want      int64 // tokens wanted (0: none)
+	Min       int64 // the least grant worth having (>= 1)
+	Refund    int64 // unused tokens to give back
+	Use       int64 // tokens admitted without a grant, to take even below empty
+}
+
+// Keys returns the KEYS of the call.
+func (a *BucketArgs) Keys() []string { return []string{a.Base} }
+
+// Args returns the ARGV of the call.
+func (a *BucketArgs) Args() []any {
+	p := int64(a.Limit.Period / time.Microsecond)
+	b := int64(a.Limit.Capacity(a.Algorithm))
+	algo, x, y, z := "tb", int64(a.Limit.Rate), p, b*p
+	if a.Algorithm == ratelimit.GCRA {
+		t := p / int64(a.Limit.Rate)
+		algo, x, y, z = "gcra", t, b*t, 0
+	}
+	now := a.Now
+	if now <= 0 {
+		now = -1
+	}
+	resent := 0
+	if a.Resent {
+		resent = 1
+	}
+	return []any{algo, Kind(a.Algorithm, a.Limit), x, y, z, now, a.Nonce, resent,
+		a.Instances, a.Want, a.Min, a.Refund, a.Use}
+}
+
+// BucketReply is the reply of one Bucket call.
+type BucketReply struct {
+	Grant    int64 // tokens granted
+	Level    int64 // whole tokens in the bucket after the call (negative in an overdraft)
+	Retry    int64 // when Want > 0 and Grant < Min: microseconds until Min tokens are in it
+	Full     int64 // microseconds until the bucket is full
+	Replayed bool  // see Reply.Replayed
+	Unknown  bool  // see Reply.Unknown
+}
+
+// ParseBucket reads the reply of a Bucket call.
+func ParseBucket(v any) (BucketReply, error) {
+	f, err := ints(v, 5)
+	if err != nil {
+		return BucketReply{}, err
+	}
+	return BucketReply{Grant: f[0], Level: f[1], Retry: f[2], Full: f[3], Replayed: f[4] == 1, Unknown: f[4] == 2}, nil
 }

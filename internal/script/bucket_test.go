@@ -1,0 +1,115 @@
+package script_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// globalLimiter is a global limiter of alg and lim under prefix, at the
+// fixed instant now (microseconds).
+func globalLimiter(c redis.UniversalClient, prefix string, alg ratelimit.Algorithm, lim ratelimit.Limit, now int64) (*global.Limiter, error) {
+	return global.New(c, lim, global.WithPrefix(prefix), global.WithAlgorithm(alg),
+		global.WithClock(func() time.Time { return time.UnixMicro(now) }))
+}
+
+// The bucket lease script takes tokens from the state global's TokenBucket
+// and GCRA scripts keep, at most a share of what the bucket holds, gives
+// unused ones back (never above the capacity), and charges tokens admitted
+// on credit even below empty.
+func TestBucketLease(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			lim := ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 40} // 10 tokens a second, 40 at most
+			base, err := script.KeyBase("bucket-"+alg.String(), "k")
+			require.NoError(t, err)
+			t0 := int64(1_700_000_000) * sec
+			call := func(a script.BucketArgs) script.BucketReply {
+				t.Helper()
+				a.Base, a.Algorithm, a.Limit = base, alg, lim
+				if a.Instances == 0 {
+					a.Instances = 1
+				}
+				if a.Want > 0 && a.Min == 0 {
+					a.Min = 1
+				}
+				v, err := script.Bucket.Run(ctx, c, a.Keys(), a.Args()...).Result()
+				require.NoError(t, err)
+				r, err := script.ParseBucket(v)
+				require.NoError(t, err)
+				return r
+			}
+			// a full bucket of 40: the first of 4 instances gets 10
+			r := call(script.BucketArgs{Now: t0, Want: 100, Instances: 4, Nonce: "aaaaaa"})
+			require.EqualValues(t, 10, r.Grant)
+			require.EqualValues(t, 30, r.Level)
+			// a global limiter of the same limit sees the same bucket
+			g, err := globalLimiter(c, "bucket-"+alg.String(), alg, lim, t0+1)
+			require.NoError(t, err)
+			d, err := g.AllowN(ctx, "k", 30)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			d, err = g.Allow(ctx, "k")
+			require.NoError(t, err)
+			require.False(t, d.Allowed, "the hybrid's 10 were taken from it")
+			// give 5 back; then 10 more than it could hold: capped at 40
+			r = call(script.BucketArgs{Now: t0 + 2, Refund: 5})
+			require.EqualValues(t, 5, r.Level)
+			r = call(script.BucketArgs{Now: t0 + 3, Refund: 100})
+			require.EqualValues(t, 40, r.Level, "never above the capacity")
+			// credit taken even below empty: an overdraft, then nothing until
+			// it is paid back (10 tokens a second)
+			r = call(script.BucketArgs{Now: t0 + 4, Use: 50})
+			require.EqualValues(t, -10, r.Level)
+			r = call(script.BucketArgs{Now: t0 + 5, Want: 1})
+			require.Zero(t, r.Grant)
+			require.InDelta(t, 1.1*float64(sec), float64(r.Retry), float64(sec)/100, "11 tokens at 10 a second")
+			r = call(script.BucketArgs{Now: t0 + 5 + 2*sec, Want: 100, Instances: 2})
+			require.EqualValues(t, 5, r.Grant, "half of the 10 refilled, the last of the capacity's quarter shared")
+		})
+	}
+}
+
+// A resent TokenBucket call is replayed from the record in the bucket's
+// hash; a resent call that cannot be told applied gets nothing.
+func TestBucketLeaseResend(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	lim := ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 40}
+	base, err := script.KeyBase("bucket-resend", "k")
+	require.NoError(t, err)
+	t0 := int64(1_700_000_000) * sec
+	call := func(a script.BucketArgs) script.BucketReply {
+		t.Helper()
+		a.Base, a.Algorithm, a.Limit, a.Instances = base, ratelimit.TokenBucket, lim, 1
+		v, err := script.Bucket.Run(ctx, c, a.Keys(), a.Args()...).Result()
+		require.NoError(t, err)
+		r, err := script.ParseBucket(v)
+		require.NoError(t, err)
+		return r
+	}
+	r := call(script.BucketArgs{Now: t0, Want: 7, Min: 1, Nonce: "nonceA"})
+	require.EqualValues(t, 7, r.Grant)
+	again := call(script.BucketArgs{Now: t0 + 1, Want: 7, Min: 1, Nonce: "nonceA", Resent: true})
+	require.True(t, again.Replayed)
+	require.EqualValues(t, 7, again.Grant)
+	require.EqualValues(t, 33, again.Level, "nothing taken twice")
+	lost := call(script.BucketArgs{Now: t0 + 2, Want: 7, Min: 1, Nonce: "nonceB", Resent: true})
+	require.True(t, lost.Unknown)
+	require.Zero(t, lost.Grant)
+	require.EqualValues(t, 33, lost.Level)
+}
