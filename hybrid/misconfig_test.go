@@ -74,12 +74,18 @@ func TestMisconfiguredRedis(t *testing.T) {
 			require.Error(t, s.LastError)
 			require.False(t, s.LastErrorAt.IsZero())
 			require.Contains(t, strings.ToLower(s.LastError.Error()), strings.ToLower(tc.want))
-			mu.Lock()
-			defer mu.Unlock()
+			// The observer runs just after the breaker opened: wait for it.
 			var degraded *hybrid.Event
-			for i := range events {
-				if events[i].Kind == hybrid.EventDegraded {
-					degraded = &events[i]
+			for degraded == nil && time.Now().Before(deadline) {
+				mu.Lock()
+				for i := range events {
+					if events[i].Kind == hybrid.EventDegraded {
+						degraded = &events[i]
+					}
+				}
+				mu.Unlock()
+				if degraded == nil {
+					time.Sleep(time.Millisecond)
 				}
 			}
 			require.NotNil(t, degraded, "no degraded event")
