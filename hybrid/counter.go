@@ -5,6 +5,8 @@ import (
 	gosync "sync"
 	"sync/atomic"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -12,17 +14,18 @@ import (
 // from avail with a CAS; nothing else on the request path writes to it but
 // the count of what it took (tick, on the same cache line).
 type lease struct {
-	avail    atomic.Int64  // leased units not yet used
-	tick     atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units
-	low      atomic.Int64  // when avail falls below it, the key asks the syncer for more (read beside avail)
-	credit   atomic.Int64  // units admitted on credit (optimistic, slow reply, fallback), not yet reported
-	borrowed atomic.Int64  // units admitted on credit in this window, reported or not
-	free     atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
-	idx      int64         // window index: the window starts at idx x Period since the epoch
-	start    int64         // mono ns of the window's start, by the best estimate
-	end      int64         // mono ns of the window's end, by the best estimate: the lease serves before it
-	known    bool          // idx came from Redis (false: estimated, to hold credit)
-	pre      bool          // leased ahead of its window and not used yet; guarded by counter.mu
+	avail     atomic.Int64  // leased units not yet used
+	tick      atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units
+	low       atomic.Int64  // when avail falls below it, the key asks the syncer for more (read beside avail)
+	credit    atomic.Int64  // units admitted on credit (optimistic, slow reply, fallback), not yet reported
+	borrowed  atomic.Int64  // units admitted on credit in this window, reported or not
+	budgetIdx atomic.Int64  // buckets: the period of the instance's clock the credit budget is for
+	free      atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
+	idx       int64         // window index: the window starts at idx x Period since the epoch
+	start     int64         // mono ns of the window's start, by the best estimate
+	end       int64         // mono ns of the window's end, by the best estimate: the lease serves before it
+	known     bool          // idx came from Redis (false: estimated, to hold credit)
+	pre       bool          // leased ahead of its window and not used yet; guarded by counter.mu
 }
 
 // unknownFree is lease.free when no reply told the window's remainder.
@@ -36,10 +39,61 @@ type debt struct {
 	use    int64
 }
 
+// call is one lease call: on the window counters (win), or, for a bucket
+// limiter (TokenBucket, GCRA), on the bucket (bkt).
+type call struct {
+	win    script.LeaseArgs
+	bkt    script.BucketArgs
+	bucket bool
+}
+
+func (k *call) seq() int64 {
+	if k.bucket {
+		return k.bkt.Seq
+	}
+	return k.win.Seq
+}
+
+func (k *call) resent() bool {
+	if k.bucket {
+		return k.bkt.Resent
+	}
+	return k.win.Resent
+}
+
+func (k *call) setResent() {
+	if k.bucket {
+		k.bkt.Resent = true
+	} else {
+		k.win.Resent = true
+	}
+}
+
+func (k *call) script() *redis.Script {
+	if k.bucket {
+		return script.Bucket
+	}
+	return script.Lease
+}
+
+func (k *call) keys() []string {
+	if k.bucket {
+		return k.bkt.Keys()
+	}
+	return k.win.Keys()
+}
+
+func (k *call) argv() []any {
+	if k.bucket {
+		return k.bkt.Args()
+	}
+	return k.win.Args()
+}
+
 // sent is a key's outstanding lease call: on its way, or sent and its reply
 // not seen (in doubt), to be sent again.
 type sent struct {
-	args script.LeaseArgs
+	call call
 	// notApplied: the call certainly did not run (NOSCRIPT, no
 	// connection): it is sent again as new.
 	notApplied bool

@@ -16,7 +16,7 @@ import (
 // op is one lease-script call for a counter.
 type op struct {
 	c    *counter
-	args script.LeaseArgs
+	call call
 	f    *flight // the decisions waiting for it, if any
 }
 
@@ -163,6 +163,9 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	}
 	c.asked += asked
 	gap := h.idleGap(c, mono)
+	if h.bucket {
+		return h.planBucket(ops, c, mono, quiet, dead, draining, lastUse, gap)
+	}
 	// While Flush or Close drains, a lease installed since they retired the
 	// counters (a reply of the tick they waited for) goes back too. So does
 	// quota leased ahead of its window and never used by a key gone quiet.
@@ -192,9 +195,9 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		}
 		return ops
 	}
-	if args, ok := h.resend(c); ok {
+	if k, ok := h.resend(c); ok {
 		// The last call's reply was lost: it goes again, alone.
-		return h.launch(ops, c, args)
+		return h.launch(ops, c, k)
 	}
 	a := h.newCall(c)
 	kept := c.debts[:0]
@@ -238,18 +241,19 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		h.scheduleLocked(c, mono, end, lastUse, gap)
 	}
 	if len(a.Adjust) > 0 || a.Want > 0 || a.WantNext > 0 {
-		c.call = &sent{args: a}
-		ops = h.launch(ops, c, a)
+		k := call{win: a}
+		c.call = &sent{call: k}
+		ops = h.launch(ops, c, k)
 	}
 	return ops
 }
 
-// launch appends c's call a to ops, with a flight for decisions of the key
+// launch appends c's call k to ops, with a flight for decisions of the key
 // to wait on. Caller holds c.mu.
-func (h *Limiter) launch(ops []op, c *counter, a script.LeaseArgs) []op {
+func (h *Limiter) launch(ops []op, c *counter, k call) []op {
 	f := &flight{done: make(chan struct{})}
 	c.flight = f
-	return append(ops, op{c: c, args: a, f: f})
+	return append(ops, op{c: c, call: k, f: f})
 }
 
 // scheduleLocked arranges the next visit of a counter nothing may mark in
@@ -261,7 +265,9 @@ func (h *Limiter) launch(ops []op, c *counter, a script.LeaseArgs) []op {
 // holds c.mu.
 func (h *Limiter) scheduleLocked(c *counter, mono, end, lastUse, gap int64) {
 	at := lastUse + idlePeriods*h.periodNS // idle
-	if cur := c.cur.Load(); cur != nil {
+	if cur := c.cur.Load(); cur != nil && h.bucket {
+		at = min(at, lastUse+gap) // its tokens go back if it stays quiet
+	} else if cur != nil {
 		if c.next == nil && (c.asked > 0 || c.prevAsked > 0) {
 			at = min(at, end-c.lead)
 		}
@@ -292,7 +298,11 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 		before = h.mono()
 		cmds, err = h.exec(ctx, ops)
 		if script.IsNoScript(err) || anyNoScript(cmds) {
-			if lerr := script.Lease.Load(ctx, h.client).Err(); lerr == nil {
+			lerr := script.Lease.Load(ctx, h.client).Err()
+			if lerr == nil && h.bucket {
+				lerr = script.Bucket.Load(ctx, h.client).Err()
+			}
+			if lerr == nil {
 				var again []op
 				var at []int
 				for i, cmd := range cmds {
@@ -330,11 +340,23 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 		if cerr == nil && v == nil && err != nil {
 			cerr = err // the pipeline failed before this call got a reply
 		}
+		if cerr == nil && o.call.bucket {
+			var r script.BucketReply
+			if r, cerr = script.ParseBucket(v); cerr == nil {
+				fresh = fresh || !o.call.resent()
+				h.appliedBucket(o.c, o.call, r, before)
+				h.landed(o, nil)
+				if o.f != nil {
+					h.soon(o.c)
+				}
+				continue
+			}
+		}
 		if cerr == nil {
 			var r script.Reply
 			if r, cerr = script.ParseLease(v); cerr == nil {
-				fresh = fresh || !o.args.Resent
-				h.applied(o.c, o.args, r, before, after)
+				fresh = fresh || !o.call.resent()
+				h.applied(o.c, o.call.win, r, before, after)
 				h.landed(o, nil)
 				if o.f != nil {
 					// a decision's lease: the syncer schedules the key's
@@ -368,7 +390,7 @@ func (h *Limiter) send(ctx context.Context, ops []op) error {
 // sends it again (as new when it certainly did not run).
 func (h *Limiter) unanswered(o op, err error, notRun bool) {
 	o.c.mu.Lock()
-	if o.c.call != nil && o.c.call.args.Seq == o.args.Seq {
+	if o.c.call != nil && o.c.call.call.seq() == o.call.seq() {
 		o.c.call.notApplied = notRun
 	}
 	o.c.mu.Unlock()
@@ -441,7 +463,8 @@ func (h *Limiter) exec(ctx context.Context, ops []op) ([]*redis.Cmd, error) {
 	pipe := h.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(ops))
 	for i := range ops {
-		cmds[i] = script.Lease.EvalSha(ctx, pipe, ops[i].args.Keys(), ops[i].args.Args()...)
+		k := &ops[i].call
+		cmds[i] = k.script().EvalSha(ctx, pipe, k.keys(), k.argv()...)
 	}
 	_, err := pipe.Exec(ctx)
 	h.st.roundTrips.Add(1)

@@ -35,6 +35,8 @@ type Limiter struct {
 	client    redis.UniversalClient
 	limit     ratelimit.Limit
 	rate      int64
+	capacity  int64 // the most one decision can ask: Rate (windows), Burst (buckets)
+	bucket    bool  // TokenBucket or GCRA: leases tokens, not a window's quota
 	cfg       config
 	kind      string // Redis counter kind
 	periodNS  int64
@@ -118,11 +120,16 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		}
 		cfg.instanceID = base64.RawURLEncoding.EncodeToString(b[:])
 	}
+	if cfg.algorithm == ratelimit.GCRA && int64(limit.Period/time.Microsecond) < int64(limit.Rate) {
+		return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %v", ratelimit.ErrInvalidLimit, limit)
+	}
 	now := time.Now()
 	h := &Limiter{
 		client:   client,
 		limit:    limit,
 		rate:     int64(limit.Rate),
+		capacity: int64(limit.Capacity(cfg.algorithm)),
+		bucket:   isBucket(cfg.algorithm),
 		cfg:      cfg,
 		kind:     script.Kind(cfg.algorithm, limit),
 		periodNS: int64(limit.Period),
@@ -265,7 +272,7 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	if key == "" {
 		return ratelimit.Decision{}, check.Key(key)
 	}
-	if n <= 0 || n > h.limit.Rate {
+	if n <= 0 || int64(n) > h.capacity {
 		return ratelimit.Decision{}, check.N(h.limit, h.cfg.algorithm, n)
 	}
 	c := h.lookup(key)
@@ -354,9 +361,13 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 				if a-n < l.low.Load() {
 					h.soon(c) // running low: the syncer tops it up
 				}
+				rem := min(a-n+max(0, l.free.Load()), h.capacity)
+				reset := l.end - mono
+				if h.bucket {
+					reset = h.bucketReset(rem)
+				}
 				return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm,
-					Remaining:  int(min(a-n+max(0, l.free.Load()), h.rate)),
-					ResetAfter: time.Duration(l.end - mono)}, true
+					Remaining: int(rem), ResetAfter: time.Duration(reset)}, true
 			}
 		}
 	}
@@ -537,6 +548,9 @@ func (h *Limiter) rollLocked(c *counter, mono int64) bool {
 // FixedWindow counter once its window ended, a SlidingWindow one a period
 // later. Refunds and credit for a moot window are dropped, not sent.
 func (h *Limiter) moot(idx, mono int64) bool {
+	if h.bucket {
+		return false // tokens go back to the bucket whenever
+	}
 	last := idx + 1
 	if h.cfg.algorithm == ratelimit.SlidingWindow {
 		last = idx + 2
@@ -554,27 +568,33 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-
 	c.mu.Lock()
 	f := c.flight
 	if f == nil {
-		args, ok := h.resend(c)
+		k, ok := h.resend(c)
 		if !ok {
-			args = h.newCall(c)
-			_, end := h.windowOf(c, mono)
 			// The grant adds to the lease in hand: n less what it holds will do.
 			have := int64(0)
 			if l := c.cur.Load(); l != nil && l.known && mono < l.end {
 				have = max(0, l.avail.Load())
 			}
-			args.Want, args.Min = max(n, h.need(c, mono, end), h.floor()), max(1, n-have)
-			if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
-				// near the window's end: the next window's quota in the same call
-				args.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
-				args.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
+			if h.bucket {
+				k = h.newBucketCall(c)
+				k.bkt.Want, k.bkt.Min = max(n, h.bucketNeed(c, mono), h.floor()), max(1, n-have)
+			} else {
+				args := h.newCall(c)
+				_, end := h.windowOf(c, mono)
+				args.Want, args.Min = max(n, h.need(c, mono, end), h.floor()), max(1, n-have)
+				if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
+					// near the window's end: the next window's quota in the same call
+					args.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
+					args.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
+				}
+				k = call{win: args}
 			}
-			c.call = &sent{args: args}
+			c.call = &sent{call: k}
 		}
 		f = &flight{done: make(chan struct{})}
 		c.flight = f
 		c.mu.Unlock()
-		h.enqueue(op{c: c, args: args, f: f})
+		h.enqueue(op{c: c, call: k, f: f})
 	} else {
 		c.mu.Unlock()
 	}
@@ -591,16 +611,16 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-
 // resend returns c's outstanding call to send again, if it has one: as it
 // was if it certainly did not run, else marked resent (Redis replays it, or
 // applies only its credit). Caller holds c.mu, and c has no flight.
-func (h *Limiter) resend(c *counter) (script.LeaseArgs, bool) {
+func (h *Limiter) resend(c *counter) (call, bool) {
 	if c.call == nil {
-		return script.LeaseArgs{}, false
+		return call{}, false
 	}
 	if c.call.notApplied {
 		c.call.notApplied = false
 	} else {
-		c.call.args.Resent = true
+		c.call.call.setResent()
 	}
-	return c.call.args, true
+	return c.call.call, true
 }
 
 // enqueue queues a decision's lease call. Up to maxSyncPipelines pipelines
@@ -652,6 +672,9 @@ func (h *Limiter) newCall(c *counter) script.LeaseArgs {
 // windowOf returns the window c's decisions count in at mono and its end:
 // its lease's, or the estimate's. Caller holds c.mu.
 func (h *Limiter) windowOf(c *counter, mono int64) (idx, end int64) {
+	if h.bucket {
+		return h.bucketWindow(mono)
+	}
 	if l := c.cur.Load(); l != nil && l.known && mono < l.end {
 		return l.idx, l.end
 	}
@@ -682,7 +705,7 @@ func (h *Limiter) need(c *counter, mono, end int64) int64 {
 // so that a key without history, or one that went quiet, does not turn its
 // next decisions into round trips.
 func (h *Limiter) floor() int64 {
-	return max(1, h.rate/(16*h.instances()))
+	return max(1, min(h.rate, h.capacity)/(16*h.instances()))
 }
 
 // leadOf is how long before its window's end a key leases the next window:
@@ -736,7 +759,7 @@ func (h *Limiter) applied(c *counter, args script.LeaseArgs, r script.Reply, bef
 	h.clk.observe(r.Now, before, after)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.call == nil || c.call.args.Seq != args.Seq {
+	if c.call == nil || c.call.call.seq() != args.Seq {
 		// A second reply to a call sent more than once (resent while the
 		// first attempt was still on its way): the first one was installed.
 		return
@@ -850,6 +873,9 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 // window; the syncer reports the credit to Redis.
 func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, bool) {
 	l := h.currentLease(c, mono)
+	if h.bucket {
+		h.bucketBudget(c, l, mono)
+	}
 	for {
 		b := l.borrowed.Load()
 		if b >= closedBudget { // replaced meanwhile: borrow on its successor
@@ -865,10 +891,15 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 			h.soon(c) // credit to report
 			rem := share - b - n
 			if share == math.MaxInt64 {
-				rem = h.rate
+				rem = h.capacity
 			}
-			return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm, Remaining: int(min(rem, h.rate)),
-				ResetAfter: time.Duration(max(l.end-mono, 0))}, true
+			rem = min(rem, h.capacity)
+			reset := max(l.end-mono, 0)
+			if h.bucket {
+				reset = h.bucketReset(rem)
+			}
+			return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm, Remaining: int(rem),
+				ResetAfter: time.Duration(reset)}, true
 		}
 	}
 }
@@ -885,6 +916,12 @@ func (h *Limiter) currentLease(c *counter, mono int64) *lease {
 	l := c.cur.Load()
 	if l != nil && mono < l.end {
 		return l
+	}
+	if h.bucket { // a lease of tokens with none in it yet, to hold credit
+		nl := c.newLease(0, 0, noEnd, true)
+		c.cur.Store(nl)
+		h.mark(c)
+		return nl
 	}
 	if l != nil {
 		c.cur.Store(nil)
@@ -959,7 +996,11 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 			return d
 		}
 		h.deniedOn(c, n)
-		wait := time.Duration(max(l.end-mono, int64(time.Millisecond)))
+		end := l.end
+		if h.bucket {
+			_, end = h.bucketWindow(mono) // the budget's next period
+		}
+		wait := time.Duration(max(end-mono, int64(time.Millisecond)))
 		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: wait, ResetAfter: wait}
 	default: // FailClosed
 		h.deniedOn(c, n)

@@ -352,7 +352,7 @@ func TestBadInput(t *testing.T) {
 	require.Error(t, err)
 	_, err = hybrid.New(c, ratelimit.Limit{})
 	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
-	_, err = hybrid.New(c, ratelimit.PerSecond(10), hybrid.WithAlgorithm(ratelimit.GCRA))
+	_, err = hybrid.New(c, ratelimit.PerSecond(10), hybrid.WithAlgorithm(ratelimit.SlidingLog))
 	require.ErrorIs(t, err, ratelimit.ErrInvalidAlgorithm)
 	for _, o := range []hybrid.Option{hybrid.WithSyncInterval(0), hybrid.WithMaxKeys(-1), hybrid.WithPrefix(""), hybrid.WithPrefix("a{b}"),
 		hybrid.WithTimeout(-1), hybrid.WithMode(7), hybrid.WithFailureMode(ratelimit.FailureMode(9)), hybrid.WithInstances(-1), hybrid.WithBreaker(0, time.Second)} {

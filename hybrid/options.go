@@ -104,14 +104,17 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ratelimit.ErrInvalidOption}, args...)...)
 }
 
-// WithAlgorithm selects the window algorithm: ratelimit.FixedWindow (the
-// default) or ratelimit.SlidingWindow. The other algorithms cannot be leased
-// in slices and are rejected with ratelimit.ErrInvalidAlgorithm; use the
-// global package for them.
+// WithAlgorithm selects the algorithm: ratelimit.FixedWindow (the default)
+// or ratelimit.SlidingWindow, leased as slices of a window's quota, or
+// ratelimit.TokenBucket or ratelimit.GCRA, leased as tokens taken from the
+// key's bucket. Each shares its state with a global limiter of the same
+// algorithm, limit and prefix. SlidingLog cannot be leased in slices (its
+// state is every event's time) and is rejected with
+// ratelimit.ErrInvalidAlgorithm; use the global package for it.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
 	return optionFunc(func(c *config) error {
-		if a != ratelimit.FixedWindow && a != ratelimit.SlidingWindow {
-			return fmt.Errorf("%w: the hybrid limiter supports FixedWindow and SlidingWindow, not %v", ratelimit.ErrInvalidAlgorithm, a)
+		if a != ratelimit.FixedWindow && a != ratelimit.SlidingWindow && !isBucket(a) {
+			return fmt.Errorf("%w: the hybrid limiter leases FixedWindow, SlidingWindow, TokenBucket and GCRA, not %v", ratelimit.ErrInvalidAlgorithm, a)
 		}
 		c.algorithm = a
 		return nil

@@ -281,7 +281,7 @@ func testLimiter(t *testing.T, limit ratelimit.Limit) *Limiter {
 	cfg := defaultConfig()
 	cfg.instances = 1
 	h := &Limiter{
-		limit: limit, rate: int64(limit.Rate), cfg: cfg,
+		limit: limit, rate: int64(limit.Rate), capacity: int64(limit.Capacity(cfg.algorithm)), cfg: cfg,
 		kind: script.Kind(cfg.algorithm, limit), periodNS: int64(limit.Period), periodUS: int64(limit.Period / time.Microsecond),
 		useGrain: int64(limit.Period) / 32, start: time.Now(),
 		clk: newServerClock(0, limit.Period, time.Hour),
