@@ -212,6 +212,11 @@ type Decision struct {
 	// the newest logged event leaves the log; for TokenBucket and GCRA, until
 	// the bucket is full again.
 	ResetAfter time.Duration
+	// Limits is nil for a limiter of one limit. For a limiter of several
+	// (a MultiLimiter) it holds the state of each limit, in the limiter's
+	// order, and the fields above describe the tightest of them (see
+	// Combine): headers can list every policy.
+	Limits []LimitState
 }
 
 // FailureMode selects what a Redis-backed limiter decides when Redis does

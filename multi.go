@@ -1,0 +1,164 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// MaxLimits is the most limits one multi-limit limiter enforces on a key.
+// Real APIs stack a few (per second, minute, hour, day, month); the bound
+// keeps a decision's work and its Redis script call small.
+const MaxLimits = 8
+
+// LimitState is the state of one limit of a multi-limit decision (see
+// Decision.Limits).
+//
+// Allowed reports whether this limit alone would admit the request; the
+// request itself is admitted only when every limit allows it. When it is
+// admitted, Remaining and ResetAfter are the limit's state after it
+// consumed the request; when it is denied, nothing was consumed anywhere and
+// they are the limit's state as it stands. RetryAfter is zero for a limit
+// that allows, and otherwise, as in Decision, the earliest time after which
+// this limit would admit the request if nothing else happened.
+type LimitState struct {
+	Limit      Limit
+	Algorithm  Algorithm
+	Allowed    bool
+	Remaining  int
+	RetryAfter time.Duration
+	ResetAfter time.Duration
+}
+
+// Combine returns the Decision of a multi-limit decision from the state of
+// each of its limits, in the limiter's order. Limiters call it; it is
+// exported so that every package combines the same way.
+//
+// The Decision is Allowed when every limit allows. It describes the
+// tightest limit: when allowed, the one with the least Remaining (ties: the
+// one with the longer ResetAfter, then the first); when denied, the denying
+// limit with the latest RetryAfter (ties: less Remaining, longer
+// ResetAfter, then the first), so that its RetryAfter is the time after
+// which every limit admits the request (no algorithm turns an admission
+// into a denial by waiting). Limits is states itself, not a copy.
+//
+// For empty states Combine returns the zero Decision.
+func Combine(states []LimitState) Decision {
+	if len(states) == 0 {
+		return Decision{}
+	}
+	allowed := true
+	for i := range states {
+		if !states[i].Allowed {
+			allowed = false
+			break
+		}
+	}
+	best := -1
+	for i := range states {
+		s := &states[i]
+		if !allowed && s.Allowed {
+			continue
+		}
+		if best < 0 || tighter(s, &states[best], allowed) {
+			best = i
+		}
+	}
+	s := &states[best]
+	d := Decision{Allowed: allowed, Limit: s.Limit, Remaining: s.Remaining, ResetAfter: s.ResetAfter, Limits: states}
+	if !allowed {
+		d.RetryAfter = s.RetryAfter
+	}
+	return d
+}
+
+// tighter reports whether a describes the decision better than b.
+func tighter(a, b *LimitState, allowed bool) bool {
+	if !allowed && a.RetryAfter != b.RetryAfter {
+		return a.RetryAfter > b.RetryAfter
+	}
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.ResetAfter > b.ResetAfter
+}
+
+// CheckLimits validates the limits of a multi-limit limiter and their
+// algorithms, given in the same order: between 1 and MaxLimits limits, as
+// many algorithms, each limit valid (Limit.Validate; for GCRA, Period in
+// microseconds at least Rate), each algorithm known, and no two limits with
+// the same Algorithm and Period (their state would be one: the state of a
+// limit is named by its algorithm and Period). It returns an error wrapping
+// ErrInvalidLimit, ErrInvalidAlgorithm or ErrInvalidOption that says which
+// limit is wrong.
+func CheckLimits(limits []Limit, algs []Algorithm) error {
+	switch {
+	case len(limits) == 0:
+		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+	case len(limits) > MaxLimits:
+		return fmt.Errorf("%w: %d limits, at most %d", ErrInvalidLimit, len(limits), MaxLimits)
+	case len(algs) != len(limits):
+		return fmt.Errorf("%w: %d algorithms for %d limits; give one per limit", ErrInvalidOption, len(algs), len(limits))
+	}
+	for i, l := range limits {
+		a := algs[i]
+		if !a.Valid() {
+			return fmt.Errorf("%w: limit %d: %v", ErrInvalidAlgorithm, i, a)
+		}
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("limit %d: %w", i, err)
+		}
+		if a == GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
+			return fmt.Errorf("%w: limit %d: GCRA needs Period in microseconds >= Rate, got %v", ErrInvalidLimit, i, l)
+		}
+		for j := range i {
+			if algs[j] == a && limits[j].Period == l.Period {
+				return fmt.Errorf("%w: limits %d and %d are both %v per %v; merge them into one", ErrInvalidLimit, j, i, a, l.Period)
+			}
+		}
+	}
+	return nil
+}
+
+// CheckNLimits validates a request of n events against every limit of a
+// multi-limit limiter, as CheckN does against one: n must be > 0 and within
+// the capacity of each limit.
+func CheckNLimits(limits []Limit, algs []Algorithm, n int) error {
+	if len(algs) != len(limits) {
+		return fmt.Errorf("%w: %d algorithms for %d limits", ErrInvalidOption, len(algs), len(limits))
+	}
+	for i, l := range limits {
+		if err := CheckN(l, algs[i], n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MultiLimiter is a Limiter that enforces several limits on each key, all
+// or nothing: a decision consumes from every limit or from none. The
+// limiters made by NewMulti in the local, global and hybrid packages
+// implement it.
+//
+// A multi-limit limiter is built from a []Limit and one Algorithm per
+// limit, given in the same order (an option WithAlgorithms(a0, a1, ...) of
+// its package, or WithAlgorithm(a) for all); Decision.Limits lists the
+// limits in that order. Its Decision describes the tightest limit (see
+// Combine). Any algorithms may be mixed (for example a TokenBucket for
+// bursts and a FixedWindow per day): each limit keeps its own state, and
+// every algorithm leaves its state unchanged on a denial and only ever
+// turns a denial into an admission by waiting, so the conjunction is exact
+// and its RetryAfter is the latest of the denying limits'. See
+// docs/algorithms.md.
+type MultiLimiter interface {
+	Limiter
+	Reserver
+	// Limits returns the limits in order; Algorithms their algorithms.
+	Limits() []Limit
+	Algorithms() []Algorithm
+	// AllowNInto is AllowN that writes the state of each limit into states
+	// when its capacity holds them all (otherwise into a new slice), so
+	// that a caller who reuses a buffer decides without allocating. The
+	// Decision's Limits is that slice.
+	AllowNInto(ctx context.Context, key string, n int, states []LimitState) (Decision, error)
+}

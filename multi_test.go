@@ -1,0 +1,87 @@
+package ratelimit_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+)
+
+func TestCombineAllowedTightest(t *testing.T) {
+	sec, minute, day := ratelimit.PerSecond(10), ratelimit.PerMinute(100), ratelimit.Limit{Rate: 1000, Period: 24 * time.Hour}
+	states := []ratelimit.LimitState{
+		{Limit: sec, Algorithm: ratelimit.TokenBucket, Allowed: true, Remaining: 9, ResetAfter: 100 * time.Millisecond},
+		{Limit: minute, Algorithm: ratelimit.FixedWindow, Allowed: true, Remaining: 3, ResetAfter: 20 * time.Second},
+		{Limit: day, Algorithm: ratelimit.FixedWindow, Allowed: true, Remaining: 3, ResetAfter: time.Hour},
+	}
+	d := ratelimit.Combine(states)
+	require.True(t, d.Allowed)
+	// Least Remaining; of the two with 3, the one that resets later.
+	require.Equal(t, day, d.Limit)
+	require.Equal(t, 3, d.Remaining)
+	require.Equal(t, time.Hour, d.ResetAfter)
+	require.Zero(t, d.RetryAfter)
+	require.Len(t, d.Limits, 3)
+	require.Same(t, &states[0], &d.Limits[0], "Limits is states itself")
+}
+
+func TestCombineDeniedLatestRetry(t *testing.T) {
+	a, b, c := ratelimit.PerSecond(10), ratelimit.PerMinute(100), ratelimit.PerHour(1000)
+	d := ratelimit.Combine([]ratelimit.LimitState{
+		{Limit: a, Allowed: false, Remaining: 0, RetryAfter: 300 * time.Millisecond, ResetAfter: time.Second},
+		// Allowed limits never describe a denial, even with less Remaining.
+		{Limit: b, Allowed: true, Remaining: 0, ResetAfter: 50 * time.Second},
+		{Limit: c, Allowed: false, Remaining: 2, RetryAfter: 40 * time.Minute, ResetAfter: 40 * time.Minute},
+	})
+	require.False(t, d.Allowed)
+	require.Equal(t, c, d.Limit)
+	require.Equal(t, 40*time.Minute, d.RetryAfter)
+	require.Equal(t, 2, d.Remaining)
+
+	// Equal RetryAfter: less Remaining wins, then the later reset, then the first.
+	d = ratelimit.Combine([]ratelimit.LimitState{
+		{Limit: a, RetryAfter: time.Second, Remaining: 1, ResetAfter: time.Second},
+		{Limit: b, RetryAfter: time.Second, Remaining: 0, ResetAfter: time.Second},
+		{Limit: c, RetryAfter: time.Second, Remaining: 0, ResetAfter: time.Minute},
+	})
+	require.Equal(t, c, d.Limit)
+	d = ratelimit.Combine([]ratelimit.LimitState{
+		{Limit: a, RetryAfter: time.Second},
+		{Limit: b, RetryAfter: time.Second},
+	})
+	require.Equal(t, a, d.Limit)
+
+	require.Equal(t, ratelimit.Decision{}, ratelimit.Combine(nil))
+}
+
+func TestCheckLimits(t *testing.T) {
+	fw, tb := ratelimit.FixedWindow, ratelimit.TokenBucket
+	sec, minute := ratelimit.PerSecond(10), ratelimit.PerMinute(100)
+	require.NoError(t, ratelimit.CheckLimits([]ratelimit.Limit{sec, minute}, []ratelimit.Algorithm{tb, fw}))
+	// The same Period under two algorithms is two states.
+	require.NoError(t, ratelimit.CheckLimits([]ratelimit.Limit{sec, ratelimit.PerSecond(5)}, []ratelimit.Algorithm{tb, fw}))
+
+	for name, c := range map[string]struct {
+		limits []ratelimit.Limit
+		algs   []ratelimit.Algorithm
+		err    error
+	}{
+		"none":        {nil, nil, ratelimit.ErrInvalidLimit},
+		"too many":    {make([]ratelimit.Limit, ratelimit.MaxLimits+1), make([]ratelimit.Algorithm, ratelimit.MaxLimits+1), ratelimit.ErrInvalidLimit},
+		"algs short":  {[]ratelimit.Limit{sec, minute}, []ratelimit.Algorithm{fw}, ratelimit.ErrInvalidOption},
+		"invalid":     {[]ratelimit.Limit{sec, {}}, []ratelimit.Algorithm{fw, fw}, ratelimit.ErrInvalidLimit},
+		"unknown alg": {[]ratelimit.Limit{sec}, []ratelimit.Algorithm{9}, ratelimit.ErrInvalidAlgorithm},
+		"same state":  {[]ratelimit.Limit{sec, ratelimit.PerSecond(5)}, []ratelimit.Algorithm{fw, fw}, ratelimit.ErrInvalidLimit},
+		"gcra T = 0":  {[]ratelimit.Limit{{Rate: 2000, Period: time.Millisecond}}, []ratelimit.Algorithm{ratelimit.GCRA}, ratelimit.ErrInvalidLimit},
+	} {
+		require.ErrorIs(t, ratelimit.CheckLimits(c.limits, c.algs), c.err, name)
+	}
+
+	limits, algs := []ratelimit.Limit{{Rate: 10, Period: time.Second, Burst: 3}, minute}, []ratelimit.Algorithm{tb, fw}
+	require.NoError(t, ratelimit.CheckNLimits(limits, algs, 3))
+	require.ErrorIs(t, ratelimit.CheckNLimits(limits, algs, 4), ratelimit.ErrInvalidN, "above the bucket's burst")
+	require.ErrorIs(t, ratelimit.CheckNLimits(limits, algs, 0), ratelimit.ErrInvalidN)
+	require.ErrorIs(t, ratelimit.CheckNLimits(limits, algs[:1], 1), ratelimit.ErrInvalidOption)
+}
