@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"fmt"
 	"time"
 )
 
@@ -81,58 +80,6 @@ func tighter(a, b *LimitState, allowed bool) bool {
 		return a.Remaining < b.Remaining
 	}
 	return a.ResetAfter > b.ResetAfter
-}
-
-// CheckLimits validates the limits of a multi-limit limiter and their
-// algorithms, given in the same order: between 1 and MaxLimits limits, as
-// many algorithms, each limit valid (Limit.Validate; for GCRA, Period in
-// microseconds at least Rate), each algorithm known, and no two limits with
-// the same Algorithm and Period (their state would be one: the state of a
-// limit is named by its algorithm and Period). It returns an error wrapping
-// ErrInvalidLimit, ErrInvalidAlgorithm or ErrInvalidOption that says which
-// limit is wrong.
-func CheckLimits(limits []Limit, algs []Algorithm) error {
-	switch {
-	case len(limits) == 0:
-		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
-	case len(limits) > MaxLimits:
-		return fmt.Errorf("%w: %d limits, at most %d", ErrInvalidLimit, len(limits), MaxLimits)
-	case len(algs) != len(limits):
-		return fmt.Errorf("%w: %d algorithms for %d limits; give one per limit", ErrInvalidOption, len(algs), len(limits))
-	}
-	for i, l := range limits {
-		a := algs[i]
-		if !a.Valid() {
-			return fmt.Errorf("%w: limit %d: %v", ErrInvalidAlgorithm, i, a)
-		}
-		if err := l.Validate(); err != nil {
-			return fmt.Errorf("limit %d: %w", i, err)
-		}
-		if a == GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
-			return fmt.Errorf("%w: limit %d: GCRA needs Period in microseconds >= Rate, got %v", ErrInvalidLimit, i, l)
-		}
-		for j := range i {
-			if algs[j] == a && limits[j].Period == l.Period {
-				return fmt.Errorf("%w: limits %d and %d are both %v per %v; merge them into one", ErrInvalidLimit, j, i, a, l.Period)
-			}
-		}
-	}
-	return nil
-}
-
-// CheckNLimits validates a request of n events against every limit of a
-// multi-limit limiter, as CheckN does against one: n must be > 0 and within
-// the capacity of each limit.
-func CheckNLimits(limits []Limit, algs []Algorithm, n int) error {
-	if len(algs) != len(limits) {
-		return fmt.Errorf("%w: %d algorithms for %d limits", ErrInvalidOption, len(algs), len(limits))
-	}
-	for i, l := range limits {
-		if err := CheckN(l, algs[i], n); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // MultiLimiter is a Limiter that enforces several limits on each key, all

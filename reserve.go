@@ -32,7 +32,7 @@ type Reserver interface {
 
 // Settler applies the settlement of one admitted reservation: it is what a
 // limiter gives NewReservation, and users never call it. A Reservation
-// calls Settle with 0 <= actual <= MaxExact and actual != estimate (or
+// calls Settle with 0 <= actual <= 2^53 and actual != estimate (or
 // after an earlier call failed), never concurrently, and never again once
 // a call returned nil. After a call returned an error it may be called
 // again, perhaps with another actual: whatever happened to the failed call
@@ -130,14 +130,14 @@ func (r *Reservation) Settled() (actual int, ok bool) {
 
 // Settle settles the reservation with the actual cost of the work, per the
 // model of Reservation. It returns an error wrapping ErrInvalidN for an
-// actual below 0 or above MaxExact; ErrNotReserved for an actual > 0 on a
+// actual below 0 or above 2^53; ErrNotReserved for an actual > 0 on a
 // denied or nil Reservation; ErrSettled for an actual other than the one
 // already settled with; and the limiter's error (Redis', ctx's) when the
 // settlement could not be confirmed, in which case Settle may be called
 // again and applies it at most once.
 func (r *Reservation) Settle(ctx context.Context, actual int) error {
-	if actual < 0 || actual > MaxExact {
-		return fmt.Errorf("%w: actual must be in [0, %d], got %d", ErrInvalidN, MaxExact, actual)
+	if actual < 0 || actual > maxExact {
+		return fmt.Errorf("%w: actual must be in [0, %d], got %d", ErrInvalidN, maxExact, actual)
 	}
 	if r == nil {
 		if actual == 0 {
