@@ -64,7 +64,7 @@ func Combine(states []LimitState) Decision {
 		}
 	}
 	s := &states[best]
-	d := Decision{Allowed: allowed, Limit: s.Limit, Remaining: s.Remaining, ResetAfter: s.ResetAfter, Limits: states}
+	d := Decision{Allowed: allowed, Limit: s.Limit, Algorithm: s.Algorithm, Remaining: s.Remaining, ResetAfter: s.ResetAfter, Limits: states}
 	if !allowed {
 		d.RetryAfter = s.RetryAfter
 	}

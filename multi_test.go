@@ -20,6 +20,7 @@ func TestCombineAllowedTightest(t *testing.T) {
 	require.True(t, d.Allowed)
 	// Least Remaining; of the two with 3, the one that resets later.
 	require.Equal(t, day, d.Limit)
+	require.Equal(t, ratelimit.FixedWindow, d.Algorithm, "the tightest limit's algorithm")
 	require.Equal(t, 3, d.Remaining)
 	require.Equal(t, time.Hour, d.ResetAfter)
 	require.Zero(t, d.RetryAfter)
