@@ -10,7 +10,8 @@
 -- ARGV[2]  P, the period in microseconds      ARGV[3]  R, the rate
 -- ARGV[4]  now in microseconds, or -1 to read TIME
 -- ARGV[5]  the call's nonce, a few random characters without digits or
---          ':' ("" keeps no record)
+--          ':' ("" keeps no record), after the caller's record tag and ':'
+--          when it has one (its records go in field 'r' .. tag)
 -- ARGV[6]  1 when the call is sent again after its reply was lost
 -- ARGV[7]  instances sharing the quota (caps a grant at remainder / instances)
 -- ARGV[8]  want: units wanted from the current window (0: none)
@@ -34,18 +35,23 @@
 -- wrote the record since): only its credit is applied (counting it twice is
 -- the safe side), never its refunds or grants.
 --
--- Replay protection keeps one record per window counter, not one per
--- caller: field r of a window's hash holds the last call applied that wrote
--- it: its nonce and grants, in base 36, as nonce .. grant (.. ':' ..
--- grant_next when not 0), stored in the call's current window; or, for a
--- call that only leased from the next window, nonce .. ':' .. grant_next
--- in the next window's counter. Its size does not grow with the fleet,
--- and it stays within 11 characters for grants below 36^3, which keeps a
--- key's hash in the smallest allocation a small hash gets.
+-- Replay protection keeps one record per caller's tag (one per instance)
+-- and window counter: field 'r' .. tag of a window's hash holds the last
+-- call of that tag applied that wrote it: its nonce and grants, in base
+-- 36, as nonce .. grant (.. ':' .. grant_next when not 0), stored in the
+-- call's current window; or, for a call that only leased from the next
+-- window, nonce .. ':' .. grant_next in the next window's counter. So a
+-- resent call finds its record however many other instances called since;
+-- a counter holds one record per instance that leased from it in its
+-- window (a key leased by one instance costs one), each within 11
+-- characters for grants below 36^3.
 local base, kind = KEYS[1], ARGV[1]
 local P, R = tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = clock(ARGV[4])
 local nonce, resent = ARGV[5], ARGV[6] == '1'
+local rfield = 'r' -- the record's field: 'r' .. the caller's tag
+local cut = string.find(nonce, ':', 1, true)
+if cut then rfield, nonce = 'r' .. string.sub(nonce, 1, cut - 1), string.sub(nonce, cut + 1) end
 local n = tonumber(ARGV[7])
 if n < 1 then n = 1 end
 local want, minimum = tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -136,7 +142,7 @@ if resent and nonce ~= '' then
   for i = idx + 1, idx - 2, -1 do
     local x = get(i)
     local r = nil
-    if x.t == 'hash' then r = redis.call('HGET', x.k, 'r') end
+    if x.t == 'hash' then r = redis.call('HGET', x.k, rfield) end
     local g, colon, gn
     if r and string.sub(r, 1, #nonce) == nonce then
       g, colon, gn = string.match(string.sub(r, #nonce + 1), '^(%w*)(:?)(%w*)$')
@@ -159,6 +165,7 @@ end
 
 local lo = idx
 if sw then lo = idx - 1 end
+local adjusted = false
 for j = 12, #ARGV - 2, 3 do
   local w, refund, use = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   -- Windows that no longer bound anything are left alone.
@@ -170,6 +177,7 @@ for j = 12, #ARGV - 2, 3 do
       c = c + d
       if c < 0 then c = 0 end -- a refund never drives a counter below zero
       set(w, c)
+      adjusted = true
       if use > 0 then expire(w) end -- credit may create the counter
       -- (a refund keeps the expiry: HSET does)
     end
@@ -206,9 +214,11 @@ if not resent then
       expire(idx + 1)
     end
   end
-  if nonce ~= '' then
-    -- The record goes in a counter the call writes anyway when it can: the
-    -- next window's, for a call that only leases from it.
+  if nonce ~= '' and (adjusted or grant > 0 or grant_next > 0) then
+    -- A call that changed nothing needs no record (resent, it is unknown,
+    -- and there is nothing to apply twice). The record goes in a counter
+    -- the call writes anyway when it can: the next window's, for a call
+    -- that only leases from it.
     local w, rec = idx, nonce .. b36(grant)
     if grant_next > 0 then rec = rec .. ':' .. b36(grant_next) end
     if want == 0 and grant_next > 0 and not (ctr[0] and ctr[0].dirty) then
@@ -229,7 +239,7 @@ for _, x in pairs(ctr) do
       redis.call('DEL', x.k)
     end
     if x.r then
-      redis.call('HSET', x.k, 'c', x.c, 'r', x.r)
+      redis.call('HSET', x.k, 'c', x.c, rfield, x.r)
     else
       redis.call('HSET', x.k, 'c', x.c)
     end
