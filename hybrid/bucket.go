@@ -40,7 +40,7 @@ func isBucket(a ratelimit.Algorithm) bool {
 func (h *Limiter) newBucketCall(c *counter) call {
 	return call{bucket: true, bkt: script.BucketArgs{
 		Base: h.baseOf(c), Algorithm: h.cfg.algorithm, Limit: h.limit,
-		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
+		Nonce: script.NewNonce(mrand.Uint64()), Tag: h.tag, Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
 	}}
 }
 
@@ -94,7 +94,7 @@ func (h *Limiter) appliedBucket(c *counter, k call, r script.BucketReply, before
 		}
 		c.blockedUntil.Store(0)
 	case k.bkt.Want > 0 && r.Retry > 0:
-		c.blockedUntil.Store(before + r.Retry*1000)
+		c.block(k.bkt.Min, before+r.Retry*1000)
 	}
 }
 
@@ -108,11 +108,7 @@ func (h *Limiter) planBucket(ops []op, c *counter, mono int64, quiet, dead, drai
 		c.retireLease(l, false)
 	}
 	cur := c.cur.Load()
-	if cur != nil {
-		if cr := cur.credit.Swap(0); cr > 0 {
-			c.owe(0, 0, cr)
-		}
-	}
+	owedCredit(c)
 	if c.flight != nil {
 		if !dead {
 			h.scheduleLocked(c, mono, noEnd, lastUse, gap)
@@ -124,17 +120,7 @@ func (h *Limiter) planBucket(ops []op, c *counter, mono int64, quiet, dead, drai
 	}
 	k := h.newBucketCall(c)
 	a := &k.bkt
-	var refund, use int64
-	for _, d := range c.debts {
-		refund += d.refund
-		use += d.use
-	}
-	c.debts = c.debts[:0]
-	if refund >= use {
-		a.Refund = refund - use
-	} else {
-		a.Use = use - refund
-	}
+	attachBucketDebts(c, a)
 	active := !quiet || mono-lastUse < gap
 	if active && !dead && !draining && h.brk.State() != breaker.Open && mono >= c.blockedUntil.Load() {
 		need := h.bucketNeed(c, mono)
@@ -184,4 +170,20 @@ func (h *Limiter) bucketBudget(c *counter, l *lease, mono int64) {
 		}
 	}
 	l.budgetIdx.Store(w)
+}
+
+// attachBucketDebts moves what c owes into bucket call a, net (tokens are
+// fungible). Caller holds c.mu.
+func attachBucketDebts(c *counter, a *script.BucketArgs) {
+	var refund, use int64
+	for _, d := range c.debts {
+		refund += d.refund
+		use += d.use
+	}
+	c.debts = c.debts[:0]
+	if refund >= use {
+		a.Refund = refund - use
+	} else {
+		a.Use = use - refund
+	}
 }

@@ -104,7 +104,8 @@ type counter struct {
 	key string // the key as kept in memory (see Limiter.lookup)
 
 	cur          atomic.Pointer[lease] // the lease decisions take from
-	blockedUntil atomic.Int64          // mono ns: the window is exhausted in Redis until then
+	blockedUntil atomic.Int64          // mono ns: Redis has less than blockedMin for the key until then
+	blockedMin   atomic.Int64          // what a lease call failed to get: decisions that need as much from Redis are denied
 	dirty        atomic.Bool           // marked for the syncer
 	dead         atomic.Bool           // evicted or dropped from the table
 	touched      atomic.Bool           // the LRU table heard of a use since the last tick
@@ -293,4 +294,12 @@ func (c *counter) peekTick() uint64 {
 		t += l.tick.Load()
 	}
 	return t
+}
+
+// block records that Redis could not grant min units until mono ns until:
+// decisions that would need as much from it are denied without asking
+// again until then; smaller ones may still ask.
+func (c *counter) block(min, until int64) {
+	c.blockedMin.Store(max(0, min))
+	c.blockedUntil.Store(until)
 }

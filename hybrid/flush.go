@@ -181,11 +181,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		c.retireLease(l, h.moot(l.idx, mono))
 	}
 	cur := c.cur.Load()
-	if cur != nil {
-		if cr := cur.credit.Swap(0); cr > 0 {
-			c.owe(cur.idx, 0, cr)
-		}
-	}
+	owedCredit(c)
 
 	if c.flight != nil {
 		// A call is on its way (a decision's): what else is owed waits for
@@ -200,17 +196,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		return h.launch(ops, c, k)
 	}
 	a := h.newCall(c)
-	kept := c.debts[:0]
-	for _, d := range c.debts {
-		switch {
-		case h.moot(d.idx, mono):
-		case len(a.Adjust) < script.MaxAdjust:
-			a.Adjust = append(a.Adjust, script.Adjust{Idx: d.idx, Refund: d.refund, Use: d.use})
-		default:
-			kept = append(kept, d)
-		}
-	}
-	c.debts = kept
+	h.attachDebts(c, &a, mono)
 	// In use in this window or the last, and not quiet for longer than a
 	// key of its rate stays quiet: a key used a couple of times a window
 	// may not have been used yet this window when its lead comes.
@@ -246,6 +232,32 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		ops = h.launch(ops, c, k)
 	}
 	return ops
+}
+
+// owedCredit turns the credit of c's current lease into a debt. Caller
+// holds c.mu.
+func owedCredit(c *counter) {
+	if cur := c.cur.Load(); cur != nil {
+		if cr := cur.credit.Swap(0); cr > 0 {
+			c.owe(cur.idx, 0, cr)
+		}
+	}
+}
+
+// attachDebts moves what c owes into call a, as far as it holds them;
+// debts of windows that no longer count are dropped. Caller holds c.mu.
+func (h *Limiter) attachDebts(c *counter, a *script.LeaseArgs, mono int64) {
+	kept := c.debts[:0]
+	for _, d := range c.debts {
+		switch {
+		case h.moot(d.idx, mono):
+		case len(a.Adjust) < script.MaxAdjust:
+			a.Adjust = append(a.Adjust, script.Adjust{Idx: d.idx, Refund: d.refund, Use: d.use})
+		default:
+			kept = append(kept, d)
+		}
+	}
+	c.debts = kept
 }
 
 // launch appends c's call k to ops, with a flight for decisions of the key

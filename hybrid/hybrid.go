@@ -2,8 +2,6 @@ package hybrid
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -39,6 +37,7 @@ type Limiter struct {
 	bucket    bool  // TokenBucket or GCRA: leases tokens, not a window's quota
 	cfg       config
 	kind      string // Redis counter kind
+	tag       string // this instance's record tag in Redis (script.RecordTag)
 	periodNS  int64
 	periodUS  int64
 	useGrain  int64     // resolution of counter.lastUse, ns
@@ -101,28 +100,29 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	if script.IsNilClient(client) {
 		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
 	}
-	if err := limit.Validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
-	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
+	if cfg.algorithms != nil {
+		if len(cfg.algorithms) != 1 {
+			return nil, fmt.Errorf("%w: WithAlgorithms gave %d algorithms; New takes one (see NewMulti)", ratelimit.ErrInvalidOption, len(cfg.algorithms))
 		}
-		if err := o.apply(&cfg); err != nil {
-			return nil, err
-		}
+		cfg.algorithm = cfg.algorithms[0]
 	}
-	if cfg.instanceID == "" {
-		var b [9]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return nil, err
-		}
-		cfg.instanceID = base64.RawURLEncoding.EncodeToString(b[:])
+	if err := limit.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.algorithm == ratelimit.GCRA && int64(limit.Period/time.Microsecond) < int64(limit.Rate) {
 		return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %v", ratelimit.ErrInvalidLimit, limit)
 	}
+	return newLimiter(client, limit, cfg, true)
+}
+
+// newLimiter is New with the options applied and checked. With join
+// false, it does not learn the fleet's size before it returns (a Multi's
+// limits after the first learn it from the first).
+func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config, join bool) (*Limiter, error) {
 	now := time.Now()
 	h := &Limiter{
 		client:   client,
@@ -132,6 +132,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		bucket:   isBucket(cfg.algorithm),
 		cfg:      cfg,
 		kind:     script.Kind(cfg.algorithm, limit),
+		tag:      script.RecordTag(cfg.instanceID),
 		periodNS: int64(limit.Period),
 		periodUS: int64(limit.Period / time.Microsecond),
 		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),
@@ -169,7 +170,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		return nil, err
 	}
 	h.syncer = s
-	if cfg.instances == 0 { // learn the fleet size before the first decision, best effort
+	if join && cfg.instances == 0 { // learn the fleet size before the first decision, best effort
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 		h.heartbeat(ctx, true)
 		cancel()
@@ -277,10 +278,11 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	}
 	c := h.lookup(key)
 	mono := h.mono()
-	if d, ok := h.fast(c, int64(n), mono); ok {
+	if d, _, ok := h.fast(c, int64(n), mono); ok {
 		return d, nil
 	}
-	return h.slow(ctx, c, key, int64(n))
+	d, _, err := h.slow(ctx, c, key, int64(n), nil)
+	return d, err
 }
 
 // lookup finds or makes the counter of key. A hit takes no lock: the index
@@ -347,8 +349,9 @@ func (h *Limiter) baseOf(c *counter) string {
 func (h *Limiter) forget(c *counter) { h.index.CompareAndDelete(c.key, c) }
 
 // fast decides from the lease in hand, or denies a key known to be
-// exhausted. ok is false when the lease cannot decide.
-func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
+// exhausted. ok is false when the lease cannot decide. An admission
+// returns the lease it took n from.
+func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, *lease, bool) {
 	l := c.cur.Load()
 	if l != nil && mono < l.end {
 		for {
@@ -367,20 +370,29 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, bool) {
 					reset = h.bucketReset(rem)
 				}
 				return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm,
-					Remaining: int(rem), ResetAfter: time.Duration(reset)}, true
+					Remaining: int(rem), ResetAfter: time.Duration(reset)}, l, true
 			}
 		}
 	}
-	if until := c.blockedUntil.Load(); mono < until {
+	if until := c.blockedUntil.Load(); mono < until && n-availAt(l, mono) >= c.blockedMin.Load() {
 		h.deniedOn(c, n)
 		d := ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
 		if l != nil && mono < l.end {
 			d.Remaining = int(max(0, l.avail.Load()))
 			d.ResetAfter = time.Duration(l.end - mono)
 		}
-		return d, true
+		return d, nil, true
 	}
-	return ratelimit.Decision{}, false
+	return ratelimit.Decision{}, nil, false
+}
+
+// availAt returns what lease l holds for decisions at mono: 0 for no
+// lease or one whose window ended.
+func availAt(l *lease, mono int64) int64 {
+	if l == nil || mono >= l.end {
+		return 0
+	}
+	return max(0, l.avail.Load())
 }
 
 // admitted records an admitted decision: one atomic add for the counts
@@ -424,15 +436,18 @@ func (h *Limiter) mark(c *counter) {
 
 // slow handles a decision the lease in hand cannot: the next window's
 // lease when its window has begun, credit in optimistic mode, a
-// synchronous lease otherwise, the failure mode when Redis fails.
-func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ratelimit.Decision, error) {
+// synchronous lease otherwise, the failure mode when Redis fails. It waits
+// on Redis at most the timeout, or until expired closes when the caller
+// gives one (a deadline shared by the limits of a Multi). An admission
+// returns the lease it took n from, or holds credit on.
+func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64, expired <-chan struct{}) (ratelimit.Decision, *lease, error) {
 	// The gate orders this decision before Close or after it: Close waits
 	// for the decisions it let in, and none starts after (its WaitGroup
 	// must not grow while Close waits).
 	h.gate.RLock()
 	if h.closed.Load() {
 		h.gate.RUnlock()
-		return ratelimit.Decision{}, ratelimit.ErrClosed
+		return ratelimit.Decision{}, nil, ratelimit.ErrClosed
 	}
 	h.inflight.Add(1)
 	h.gate.RUnlock()
@@ -451,19 +466,19 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 		}
 		mono := h.mono()
 		if h.roll(c, mono) || attempt > 0 {
-			if d, ok := h.fast(c, n, mono); ok {
+			if d, l, ok := h.fast(c, n, mono); ok {
 				if attempt > 0 {
 					c.waited.Add(1)
 				}
-				return d, nil
+				return d, l, nil
 			}
 		}
 		if h.cfg.mode == Optimistic && h.brk.State() == breaker.Closed {
-			if d, ok := h.borrow(c, n, mono, h.optimisticShare()); ok {
+			if d, l, ok := h.borrow(c, n, mono, h.optimisticShare()); ok {
 				if attempt > 0 {
 					c.waited.Add(1)
 				}
-				return d, nil
+				return d, l, nil
 			}
 		}
 		if attempt >= maxLeaseAttempts {
@@ -473,28 +488,33 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n int64) (ra
 			// answers with no grant and fast denies until the reset.)
 			h.deniedOn(c, n)
 			c.waited.Add(1)
-			return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil
+			return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.syncInterval, ResetAfter: h.cfg.syncInterval}, nil, nil
 		}
 		if !h.brk.Allow() {
-			d := h.fallback(c, n, mono)
+			d, l := h.fallback(c, n, mono)
 			if attempt > 0 {
 				c.waited.Add(1)
 			}
-			return d, nil
+			return d, l, nil
 		}
-		if timer == nil {
-			timer = time.NewTimer(h.cfg.timeout)
+		var fire <-chan time.Time
+		if expired == nil {
+			if timer == nil {
+				timer = time.NewTimer(h.cfg.timeout)
+			}
+			fire = timer.C
 		}
-
-		if err := h.leaseWait(ctx, c, n, timer.C); err != nil {
+		if err := h.leaseWait(ctx, c, n, fire, expired); err != nil {
 			if ctx.Err() != nil {
-				return ratelimit.Decision{}, ctx.Err()
+				return ratelimit.Decision{}, nil, ctx.Err()
 			}
 			c.waited.Add(1)
 			if h.brk.State() == breaker.Closed {
-				return h.slowReply(c, n, h.mono()), nil
+				d, l := h.slowReply(c, n, h.mono())
+				return d, l, nil
 			}
-			return h.fallback(c, n, h.mono()), nil
+			d, l := h.fallback(c, n, h.mono())
+			return d, l, nil
 		}
 	}
 }
@@ -560,10 +580,10 @@ func (h *Limiter) moot(idx, mono int64) bool {
 
 // leaseWait leases for c, sharing one Redis call among concurrent callers of
 // the key (a per-key singleflight), and waits at most until timeout fires
-// for it, whatever the Redis client's own timeouts are. The call goes out
+// or expired closes, whatever the Redis client's own timeouts are. The call goes out
 // with every other key's synchronous lease queued meanwhile, in one
 // pipeline (see enqueue), with a deadline of its own.
-func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-chan time.Time) error {
+func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-chan time.Time, expired <-chan struct{}) error {
 	mono := h.mono()
 	c.mu.Lock()
 	f := c.flight
@@ -575,11 +595,16 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-
 			if l := c.cur.Load(); l != nil && l.known && mono < l.end {
 				have = max(0, l.avail.Load())
 			}
+			// What the key owes goes first: credit (an overdraft, say) is
+			// counted before anything is granted.
+			owedCredit(c)
 			if h.bucket {
 				k = h.newBucketCall(c)
+				attachBucketDebts(c, &k.bkt)
 				k.bkt.Want, k.bkt.Min = max(n, h.bucketNeed(c, mono), h.floor()), max(1, n-have)
 			} else {
 				args := h.newCall(c)
+				h.attachDebts(c, &args, mono)
 				_, end := h.windowOf(c, mono)
 				args.Want, args.Min = max(n, h.need(c, mono, end), h.floor()), max(1, n-have)
 				if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
@@ -602,6 +627,8 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-
 	case <-f.done:
 		return f.err
 	case <-timeout:
+		return context.DeadlineExceeded
+	case <-expired:
 		return context.DeadlineExceeded
 	case <-ctx.Done():
 		return ctx.Err()
@@ -665,7 +692,7 @@ func (h *Limiter) drain() {
 func (h *Limiter) newCall(c *counter) script.LeaseArgs {
 	return script.LeaseArgs{
 		Base: h.baseOf(c), Kind: h.kind, Limit: h.limit,
-		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
+		Nonce: script.NewNonce(mrand.Uint64()), Tag: h.tag, Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
 	}
 }
 
@@ -787,7 +814,7 @@ func (h *Limiter) install(c *counter, args script.LeaseArgs, r script.Reply, bef
 		case r.Grant > 0:
 			h.place(c, r.Idx, r.Grant, end-h.periodNS, end, after)
 		case r.Retry > 0 && r.Reset > 0:
-			c.blockedUntil.Store(before + r.Retry*1000)
+			c.block(args.Min, before+r.Retry*1000)
 		}
 	}
 	if args.WantNext > 0 || r.GrantNext > 0 {
@@ -870,8 +897,9 @@ func (h *Limiter) place(c *counter, idx, g, start, end, mono int64) {
 }
 
 // borrow admits n on credit against the current window, within share per
-// window; the syncer reports the credit to Redis.
-func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, bool) {
+// window; the syncer reports the credit to Redis. An admission returns the
+// lease that holds the credit.
+func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, *lease, bool) {
 	l := h.currentLease(c, mono)
 	if h.bucket {
 		h.bucketBudget(c, l, mono)
@@ -883,7 +911,7 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 			continue
 		}
 		if b+n > share {
-			return ratelimit.Decision{}, false
+			return ratelimit.Decision{}, nil, false
 		}
 		if l.borrowed.CompareAndSwap(b, b+n) {
 			l.credit.Add(n)
@@ -899,7 +927,7 @@ func (h *Limiter) borrow(c *counter, n, mono, share int64) (ratelimit.Decision, 
 				reset = h.bucketReset(rem)
 			}
 			return ratelimit.Decision{Allowed: true, Limit: h.limit, Algorithm: h.cfg.algorithm, Remaining: int(rem),
-				ResetAfter: time.Duration(reset)}, true
+				ResetAfter: time.Duration(reset)}, l, true
 		}
 	}
 }
@@ -956,15 +984,15 @@ func (h *Limiter) creditShare(c *counter, idx, per int64) int64 {
 // the breaker is closed: Redis answers, slowly, and its last word on the
 // window stands. Strict denies; Optimistic admits on credit within its
 // share, bounded by what Redis last reported free in the window.
-func (h *Limiter) slowReply(c *counter, n, mono int64) ratelimit.Decision {
+func (h *Limiter) slowReply(c *counter, n, mono int64) (ratelimit.Decision, *lease) {
 	h.st.noReply.Add(1)
 	if h.cfg.mode == Optimistic {
 		l := h.currentLease(c, mono)
 		c.mu.Lock()
 		share := h.creditShare(c, l.idx, h.optimisticShare())
 		c.mu.Unlock()
-		if d, ok := h.borrow(c, n, mono, share); ok {
-			return d
+		if d, l, ok := h.borrow(c, n, mono, share); ok {
+			return d, l
 		}
 	}
 	h.deniedOn(c, n)
@@ -977,23 +1005,23 @@ func (h *Limiter) slowReply(c *counter, n, mono int64) ratelimit.Decision {
 		wait = end - mono // spent: nothing frees before the window ends
 	}
 	wait = max(wait, int64(time.Millisecond))
-	return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(wait), ResetAfter: time.Duration(max(end-mono, wait))}
+	return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(wait), ResetAfter: time.Duration(max(end-mono, wait))}, nil
 }
 
 // fallback decides while the breaker is open, per the failure mode.
-func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
+func (h *Limiter) fallback(c *counter, n, mono int64) (ratelimit.Decision, *lease) {
 	h.st.fallback.Add(1)
 	switch h.cfg.failure {
 	case ratelimit.FailOpen:
-		d, _ := h.borrow(c, n, mono, math.MaxInt64)
-		return d
+		d, l, _ := h.borrow(c, n, mono, math.MaxInt64)
+		return d, l
 	case ratelimit.FailLocal:
 		l := h.currentLease(c, mono)
 		c.mu.Lock()
 		share := h.creditShare(c, l.idx, max(1, h.rate/h.instances()))
 		c.mu.Unlock()
-		if d, ok := h.borrow(c, n, mono, share); ok {
-			return d
+		if d, l, ok := h.borrow(c, n, mono, share); ok {
+			return d, l
 		}
 		h.deniedOn(c, n)
 		end := l.end
@@ -1001,10 +1029,10 @@ func (h *Limiter) fallback(c *counter, n, mono int64) ratelimit.Decision {
 			_, end = h.bucketWindow(mono) // the budget's next period
 		}
 		wait := time.Duration(max(end-mono, int64(time.Millisecond)))
-		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: wait, ResetAfter: wait}
+		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: wait, ResetAfter: wait}, nil
 	default: // FailClosed
 		h.deniedOn(c, n)
-		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}
+		return ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: h.cfg.breakerOpenFor, ResetAfter: h.cfg.breakerOpenFor}, nil
 	}
 }
 

@@ -505,3 +505,25 @@ func TestKeyMemoryBounded(t *testing.T) {
 	require.True(t, d.Allowed)
 	require.Equal(t, n, h.Stats().KeysTracked)
 }
+
+// A request Redis cannot serve does not deny a smaller one it can: after
+// AllowN(2) is denied with 1 left in the window, AllowN(1) is admitted, as
+// global admits it.
+func TestSmallerAfterLargerDenied(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	freshWindow(t, c, time.Hour, 10*time.Second)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow, ratelimit.TokenBucket} {
+		h, err := hybrid.New(c, ratelimit.Limit{Rate: 5, Period: time.Hour, Burst: 5}, hybrid.WithPrefix(uniq(t)), hybrid.WithAlgorithm(alg))
+		require.NoError(t, err)
+		var got []bool
+		for _, n := range []int{1, 2, 1, 2, 1, 1} {
+			d, err := h.AllowN(context.Background(), "k", n)
+			require.NoError(t, err)
+			got = append(got, d.Allowed)
+		}
+		require.Equal(t, []bool{true, true, true, false, true, false}, got, "%v", alg)
+		require.NoError(t, h.Close())
+	}
+}

@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
@@ -64,6 +66,7 @@ const (
 
 type config struct {
 	algorithm       ratelimit.Algorithm
+	algorithms      []ratelimit.Algorithm // WithAlgorithms; nil: algorithm for every limit
 	syncInterval    time.Duration
 	maxKeys         int
 	prefix          string
@@ -93,6 +96,28 @@ func defaultConfig() config {
 	}
 }
 
+// newConfig applies opts over the defaults, ignoring a nil Option, and
+// draws an instance ID unless one was given.
+func newConfig(opts []Option) (config, error) {
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.instanceID == "" {
+		var b [9]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return cfg, err
+		}
+		cfg.instanceID = base64.RawURLEncoding.EncodeToString(b[:])
+	}
+	return cfg, nil
+}
+
 // Option configures a Limiter in New.
 type Option interface{ apply(*config) error }
 
@@ -111,14 +136,42 @@ func invalid(format string, args ...any) error {
 // algorithm, limit and prefix. SlidingLog cannot be leased in slices (its
 // state is every event's time) and is rejected with
 // ratelimit.ErrInvalidAlgorithm; use the global package for it.
+//
+// For NewMulti it selects the algorithm of every limit.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
 	return optionFunc(func(c *config) error {
-		if a != ratelimit.FixedWindow && a != ratelimit.SlidingWindow && !isBucket(a) {
-			return fmt.Errorf("%w: the hybrid limiter leases FixedWindow, SlidingWindow, TokenBucket and GCRA, not %v", ratelimit.ErrInvalidAlgorithm, a)
+		if err := leasable(a); err != nil {
+			return err
 		}
-		c.algorithm = a
+		c.algorithm, c.algorithms = a, nil
 		return nil
 	})
+}
+
+// WithAlgorithms selects the Algorithm of each limit of NewMulti, in the
+// order of its limits (each one WithAlgorithm accepts): one per limit, or
+// NewMulti returns an error wrapping ratelimit.ErrInvalidOption (New takes
+// exactly one). It and WithAlgorithm override each other, the later
+// winning.
+func WithAlgorithms(algs ...ratelimit.Algorithm) Option {
+	algs = append(make([]ratelimit.Algorithm, 0, len(algs)), algs...) // never nil: none is an error
+	return optionFunc(func(c *config) error {
+		for _, a := range algs {
+			if err := leasable(a); err != nil {
+				return err
+			}
+		}
+		c.algorithms = algs
+		return nil
+	})
+}
+
+// leasable reports whether the hybrid can lease algorithm a.
+func leasable(a ratelimit.Algorithm) error {
+	if a != ratelimit.FixedWindow && a != ratelimit.SlidingWindow && !isBucket(a) {
+		return fmt.Errorf("%w: the hybrid limiter leases FixedWindow, SlidingWindow, TokenBucket and GCRA, not %v", ratelimit.ErrInvalidAlgorithm, a)
+	}
+	return nil
 }
 
 // WithSyncInterval sets how often the background syncer reconciles with

@@ -319,9 +319,9 @@ func realState(c *counter) state {
 }
 
 func realTake(h *Limiter, c *counter, n, mono int64) outcome {
-	d, ok := h.fast(c, n, mono)
+	d, _, ok := h.fast(c, n, mono)
 	if !ok && h.roll(c, mono) {
-		d, ok = h.fast(c, n, mono)
+		d, _, ok = h.fast(c, n, mono)
 	}
 	if !ok {
 		return outcome{kind: "miss"}
@@ -434,10 +434,10 @@ func TestReferenceConservation(t *testing.T) {
 				default:
 				}
 				n := int64(1 + g%3)
-				if d, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
+				if d, _, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
 					taken.Add(n)
 				} else if h.roll(c, mono.Load()) {
-					if d, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
+					if d, _, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
 						taken.Add(n)
 					}
 				}
