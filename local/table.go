@@ -108,6 +108,32 @@ func (s *tableShard[V]) takeEvicted() (key string, v V, ok bool) {
 	return
 }
 
+// insert adds key (a copy of it) with v to s, whose lock the caller holds,
+// drops what that evicts (the Limiters have no eviction callback) and
+// returns the tick to record as the entry's promotion.
+func (s *tableShard[V]) insert(key string, v V) uint64 {
+	s.lru.Add(strings.Clone(key), v)
+	s.takeEvicted()
+	s.tick++
+	return s.tick
+}
+
+// promote is the Limiters' lazy promotion of an entry found in s, whose
+// lock the caller holds; *promoted is the tick of its last move to the
+// front. An entry moved fewer than gap (3/4 of the shard's capacity)
+// insertions or moves ago is still within the front three quarters of its
+// shard, so it is left in place. This spares the writes and cache misses of
+// relinking neighbours on most decisions, and still evicts only keys left
+// unused while at least a quarter of the shard's capacity of other keys
+// were inserted or moved.
+func (s *tableShard[V]) promote(key string, promoted *uint64) {
+	if s.tick-*promoted >= s.gap {
+		s.lru.Get(key) // move to the front
+		s.tick++
+		*promoted = s.tick
+	}
+}
+
 // Get returns the value stored for key and whether it was present, and marks
 // key as the most recently used of its shard.
 func (t *Table[V]) Get(key string) (V, bool) {
