@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
@@ -30,16 +31,17 @@ import (
 // A Multi must be made with NewMulti; the zero Multi is not usable. It is
 // safe for concurrent use by multiple goroutines.
 type Multi struct {
-	algos  []algo
-	limits []ratelimit.Limit
-	algs   []ratelimit.Algorithm
-	maxN   int // the largest n every limit can take
-	clock  func() time.Time
-	mono   *monoClock
-	table  *Table[[]state] // the state of limit i is entry[i]; entry[0].promoted is the entry's
+	algos   []algo
+	limits  []ratelimit.Limit
+	algs    []ratelimit.Algorithm
+	maxN    int  // the largest n every limit can take
+	reserve bool // no SlidingLog limit
+	clock   func() time.Time
+	mono    *monoClock
+	table   *Table[[]state] // the state of limit i is entry[i]; entry[0].promoted is the entry's
 }
 
-var _ ratelimit.Limiter = (*Multi)(nil)
+var _ ratelimit.MultiLimiter = (*Multi)(nil)
 
 // NewMulti returns a Multi that enforces every one of limits on each key.
 // The Algorithm of each limit is given by WithAlgorithms (one per limit, in
@@ -61,11 +63,12 @@ func NewMulti(limits []ratelimit.Limit, opts ...Option) (*Multi, error) {
 		return nil, err
 	}
 	m := &Multi{
-		limits: append([]ratelimit.Limit(nil), limits...),
-		algs:   append([]ratelimit.Algorithm(nil), algs...),
-		algos:  make([]algo, len(limits)),
-		clock:  cfg.clock,
-		table:  NewTable[[]state](cfg.maxKeys, nil),
+		limits:  append([]ratelimit.Limit(nil), limits...),
+		algs:    append([]ratelimit.Algorithm(nil), algs...),
+		algos:   make([]algo, len(limits)),
+		reserve: true,
+		clock:   cfg.clock,
+		table:   NewTable[[]state](cfg.maxKeys, nil),
 	}
 	for i, l := range limits {
 		a, err := newAlgo(l, algs[i])
@@ -75,6 +78,9 @@ func NewMulti(limits []ratelimit.Limit, opts ...Option) (*Multi, error) {
 		m.algos[i] = a
 		if i == 0 || a.maxN < m.maxN {
 			m.maxN = a.maxN
+		}
+		if a.alg == ratelimit.SlidingLog {
+			m.reserve = false
 		}
 	}
 	if m.clock == nil {
@@ -180,4 +186,43 @@ func (m *Multi) entry(s *tableShard[[]state], key string, now int64) []state {
 		s.promote(key, &sts[0].promoted)
 	}
 	return sts
+}
+
+// Reserve decides as AllowN(ctx, key, estimate) and returns the decision as
+// a ratelimit.Reservation, to be settled with the actual cost (see
+// ratelimit.Reservation for the model, docs/algorithms.md for each
+// algorithm's rule). Settling takes the key's shard lock once and never
+// fails. It returns an error wrapping ratelimit.ErrInvalidAlgorithm when a
+// limit counts with SlidingLog, whose log of at most Rate events per key
+// cannot hold an overdraft.
+func (m *Multi) Reserve(ctx context.Context, key string, estimate int) (*ratelimit.Reservation, error) {
+	if !m.reserve {
+		return nil, fmt.Errorf("%w: SlidingLog limits cannot be reserved", ratelimit.ErrInvalidAlgorithm)
+	}
+	if err := m.check(key, estimate); err != nil {
+		return nil, err
+	}
+	states := make([]ratelimit.LimitState, len(m.algos))
+	var buf [memkey.DigestLen]byte
+	tk := tableKey(key, &buf)
+	now := m.now()
+	s := m.table.shard(tk)
+	s.mu.Lock()
+	m.decide(m.entry(s, tk, now), now, int64(estimate), states)
+	s.mu.Unlock()
+	return reservation(ratelimit.Combine(states), estimate, m, key, now), nil
+}
+
+// settleKey applies a settlement to every limit of key's state.
+func (m *Multi) settleKey(key string, t0, est, actual int64) {
+	var buf [memkey.DigestLen]byte
+	key = tableKey(key, &buf)
+	now := m.now()
+	s := m.table.shard(key)
+	s.mu.Lock()
+	sts := m.entry(s, key, now)
+	for i := range m.algos {
+		m.algos[i].settle(&sts[i], now, t0, est, actual)
+	}
+	s.mu.Unlock()
 }

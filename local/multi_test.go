@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -313,4 +314,27 @@ func TestMultiHeapBounded(t *testing.T) {
 	t.Logf("3 limits: %d bytes per key (HeapAlloc delta / maxKeys)", perKey)
 	require.Less(t, perKey, int64(1024))
 	runtime.KeepAlive(m)
+}
+
+// TestMultiLongKeys: keys kept by their digest (long ones, and those
+// starting with the digest mark) decide, reserve and settle as any other.
+func TestMultiLongKeys(t *testing.T) {
+	c := newClock()
+	m := newMulti(t, []ratelimit.Limit{ratelimit.PerSecond(5), ratelimit.PerMinute(8)},
+		[]ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow}, c)
+	ctx := context.Background()
+	for _, key := range []string{strings.Repeat("k", 10_000), "\x00short", strings.Repeat("k", 129)} {
+		r, err := m.Reserve(ctx, key, 5)
+		require.NoError(t, err)
+		require.True(t, r.OK())
+		d, err := m.Allow(ctx, key)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "the reservation holds the second's 5")
+		require.NoError(t, r.Settle(ctx, 2))
+		d, err = m.AllowN(ctx, key, 3)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "3 came back to the key's own state")
+		require.Equal(t, []int{0, 3}, []int{d.Limits[0].Remaining, d.Limits[1].Remaining})
+	}
+	require.Equal(t, 3, m.Len())
 }
