@@ -15,6 +15,8 @@ import (
 )
 
 var (
+	//go:embed algorithms.lua
+	algorithmsLua string
 	//go:embed fixed_window.lua
 	fixedWindowLua string
 	//go:embed sliding_window.lua
@@ -28,13 +30,13 @@ var (
 )
 
 // scripts holds one script per Algorithm, indexed by it, each built on the
-// module's shared Lua prelude.
+// module's shared Lua prelude and the package's algorithms.lua.
 var scripts = [...]*redis.Script{
-	ratelimit.FixedWindow:   script.New(fixedWindowLua),
-	ratelimit.SlidingWindow: script.New(slidingWindowLua),
-	ratelimit.SlidingLog:    script.New(slidingLogLua),
-	ratelimit.TokenBucket:   script.New(tokenBucketLua),
-	ratelimit.GCRA:          script.New(gcraLua),
+	ratelimit.FixedWindow:   script.New(algorithmsLua + fixedWindowLua),
+	ratelimit.SlidingWindow: script.New(algorithmsLua + slidingWindowLua),
+	ratelimit.SlidingLog:    script.New(algorithmsLua + slidingLogLua),
+	ratelimit.TokenBucket:   script.New(algorithmsLua + tokenBucketLua),
+	ratelimit.GCRA:          script.New(algorithmsLua + gcraLua),
 }
 
 // DefaultAlgorithm is the Algorithm a Limiter uses when WithAlgorithm is not
