@@ -90,6 +90,29 @@ func (f *failure) run(ctx context.Context, fn func(context.Context) error) (fall
 	return false, nil
 }
 
+// decideMulti answers a multi-limit request without Redis, per the failure
+// mode: FailOpen and FailClosed give every limit the same answer.
+func (f *failure) decideMulti(ctx context.Context, s *limitSet, key string, n int, states []ratelimit.LimitState) (ratelimit.Decision, error) {
+	f.count.Add(1)
+	if f.mode == ratelimit.FailLocal {
+		if fb, ok := f.fallback.(ratelimit.MultiLimiter); ok {
+			return fb.AllowNInto(ctx, key, n, states)
+		}
+		return f.fallback.AllowN(ctx, key, n)
+	}
+	if cap(states) >= len(s.limits) {
+		states = states[:len(s.limits)]
+	} else {
+		states = make([]ratelimit.LimitState, len(s.limits))
+	}
+	for i, l := range s.limits {
+		d := f.answer(l, s.algs[i], n)
+		states[i] = ratelimit.LimitState{Limit: l, Algorithm: s.algs[i], Allowed: d.Allowed, Remaining: max(d.Remaining, 0),
+			RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
+	}
+	return ratelimit.Combine(states), nil
+}
+
 // decide answers without Redis, per the failure mode.
 func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, alg ratelimit.Algorithm, key string, n int) (ratelimit.Decision, error) {
 	f.count.Add(1)

@@ -67,6 +67,7 @@ type Limiter struct {
 	nrest int
 
 	fail *failure // nil unless WithFailureMode was given
+	set  limitSet // the one limit, for Reserve
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -99,6 +100,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	if l.fail, err = newFailure(&c); err != nil {
 		return nil, err
 	}
+	l.set = newLimitSet([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, false)
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
 	switch c.alg {
 	case ratelimit.TokenBucket:
@@ -191,6 +193,19 @@ func callerEnded(ctx context.Context) error {
 		return context.DeadlineExceeded
 	}
 	return nil
+}
+
+// Reserve decides as AllowN(ctx, key, estimate) (without the failure mode:
+// a Redis error is returned) and returns the decision as a
+// ratelimit.Reservation, to be settled with the actual cost (see
+// ratelimit.Reservation for the model, docs/algorithms.md for each
+// algorithm's rule). It counts in the same state as AllowN. Settling is one
+// script call that applies the settlement at most once, whatever replies
+// are lost (see SettleRecordTTL). It returns an error wrapping
+// ratelimit.ErrInvalidAlgorithm for SlidingLog, whose log of at most Rate
+// events per key cannot hold an overdraft.
+func (l *Limiter) Reserve(ctx context.Context, key string, estimate int) (*ratelimit.Reservation, error) {
+	return l.set.reserve(ctx, l.client, l.prefix, l.clock, key, estimate)
 }
 
 // clockArg returns the now argument of a script: "" for Redis TIME, or
