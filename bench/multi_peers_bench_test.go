@@ -92,8 +92,9 @@ func BenchmarkMultiMemory(b *testing.B) {
 	}
 	benchMultiPeers(b, []multiPeer{
 		{"local-Multi", func(ctx context.Context, key string) bool {
-			var buf [3]ratelimit.LimitState
-			d, _ := m.AllowNInto(ctx, key, 1, buf[:0])
+			var arr [3]ratelimit.LimitState
+			buf := arr[:0]
+			d, _ := m.AllowNInto(ctx, key, 1, &buf)
 			return d.Allowed
 		}},
 		{"local-3-Limiters", func(ctx context.Context, key string) bool {
@@ -143,8 +144,9 @@ func BenchmarkMultiRedis(b *testing.B) {
 	suffix := [3]string{":s" + run, ":m" + run, ":h" + run}
 	benchMultiPeers(b, []multiPeer{
 		{"global-Multi", func(ctx context.Context, key string) bool {
-			var buf [3]ratelimit.LimitState
-			d, err := m.AllowNInto(ctx, key, 1, buf[:0])
+			var arr [3]ratelimit.LimitState
+			buf := arr[:0]
+			d, err := m.AllowNInto(ctx, key, 1, &buf)
 			return err == nil && d.Allowed
 		}},
 		{"global-3-Limiters", func(ctx context.Context, key string) bool {

@@ -71,7 +71,7 @@ func ExampleMulti_Allow() {
 			panic(err)
 		}
 		fmt.Printf("allowed=%v by %v: retry in %v; left: bucket %d, hour %d\n",
-			d.Allowed, d.Limit, d.RetryAfter, d.Limits[0].Remaining, d.Limits[1].Remaining)
+			d.Allowed, d.Limit, d.RetryAfter, d.Limits()[0].Remaining, d.Limits()[1].Remaining)
 	}
 	// Output:
 	// allowed=true by 1/1s burst 2: retry in 0s; left: bucket 1, hour 2

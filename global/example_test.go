@@ -86,7 +86,7 @@ func ExampleNewMulti() {
 			return
 		}
 		ratelimit.SetHeaders(w.Header(), d) // the tightest limit
-		for _, s := range d.Limits {        // and each policy
+		for _, s := range d.Limits() {      // and each policy
 			w.Header().Add("X-RateLimit-Policy", fmt.Sprintf("%d;w=%d", s.Limit.Capacity(s.Algorithm), int(s.Limit.Period.Seconds())))
 		}
 		if !d.Allowed {

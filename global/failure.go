@@ -8,6 +8,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/check"
 )
 
 // Defaults of the failure options.
@@ -92,7 +93,7 @@ func (f *failure) run(ctx context.Context, fn func(context.Context) error) (fall
 
 // decideMulti answers a multi-limit request without Redis, per the failure
 // mode: FailOpen and FailClosed give every limit the same answer.
-func (f *failure) decideMulti(ctx context.Context, s *limitSet, key string, n int, states []ratelimit.LimitState) (ratelimit.Decision, error) {
+func (f *failure) decideMulti(ctx context.Context, s *limitSet, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
 	f.count.Add(1)
 	if f.mode == ratelimit.FailLocal {
 		if fb, ok := f.fallback.(ratelimit.MultiLimiter); ok {
@@ -100,14 +101,10 @@ func (f *failure) decideMulti(ctx context.Context, s *limitSet, key string, n in
 		}
 		return f.fallback.AllowN(ctx, key, n)
 	}
-	if cap(states) >= len(s.limits) {
-		states = states[:len(s.limits)]
-	} else {
-		states = make([]ratelimit.LimitState, len(s.limits))
-	}
+	states = check.States(states, len(s.limits))
 	for i, l := range s.limits {
 		d := f.answer(l, s.algs[i], n)
-		states[i] = ratelimit.LimitState{Limit: l, Algorithm: s.algs[i], Allowed: d.Allowed, Remaining: max(d.Remaining, 0),
+		(*states)[i] = ratelimit.LimitState{Limit: l, Algorithm: s.algs[i], Allowed: d.Allowed, Remaining: max(d.Remaining, 0),
 			RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 	}
 	return ratelimit.Combine(states), nil

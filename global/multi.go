@@ -116,10 +116,10 @@ func (m *Multi) AllowN(ctx context.Context, key string, n int) (ratelimit.Decisi
 	return m.AllowNInto(ctx, key, n, nil)
 }
 
-// AllowNInto is AllowN that writes the state of each limit into states
-// when cap(states) >= len(Limits()), and into a new slice otherwise; the
-// Decision's Limits is that slice.
-func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states []ratelimit.LimitState) (ratelimit.Decision, error) {
+// AllowNInto is AllowN that writes the state of each limit into *states,
+// reusing its array when its capacity holds them all; the Decision's
+// Limits is *states. A nil states is AllowN.
+func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
 	base, now, err := m.set.check(m.prefix, m.clock, key, n)
 	if err != nil {
 		return ratelimit.Decision{}, err
@@ -219,13 +219,13 @@ func (s *limitSet) args(op string, now any, n int, actual, t0 int64, id string, 
 }
 
 // take runs the script's take for n events at base and returns the
-// Decision, with the limits' states in states when it holds them all, and
-// the time the script used.
-func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base string, now any, n int, states []ratelimit.LimitState) (ratelimit.Decision, int64, error) {
+// Decision, with the limits' states in *states (see check.States), and the
+// time the script used.
+func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base string, now any, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, int64, error) {
 	res, err := multiScript.Run(ctx, c, []string{base}, s.args("take", now, n, 0, 0, "", false)...).Int64Slice()
 	if err != nil {
-		if ctx.Err() != nil {
-			return ratelimit.Decision{}, 0, ctx.Err() // the caller gave up, not Redis
+		if cerr := callerEnded(ctx); cerr != nil {
+			return ratelimit.Decision{}, 0, cerr // the caller gave up, not Redis
 		}
 		return ratelimit.Decision{}, 0, fmt.Errorf("global: multi-limit script: %w", err)
 	}
@@ -233,21 +233,18 @@ func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base strin
 	if len(res) != 2+4*k {
 		return ratelimit.Decision{}, 0, fmt.Errorf("global: multi-limit script returned %d values, want %d", len(res), 2+4*k)
 	}
-	if cap(states) >= k {
-		states = states[:k]
-	} else {
-		states = make([]ratelimit.LimitState, k)
+	if s.single { // a Limiter's decision lists no Limits
+		r := res[2:]
+		return ratelimit.Decision{Allowed: r[0] == 1, Limit: s.limits[0], Algorithm: s.algs[0], Remaining: int(r[1]),
+			RetryAfter: time.Duration(r[2]) * time.Microsecond, ResetAfter: time.Duration(r[3]) * time.Microsecond}, res[0], nil
 	}
-	for i := range states {
+	states = check.States(states, k)
+	for i := range *states {
 		r := res[2+4*i:]
-		states[i] = ratelimit.LimitState{Limit: s.limits[i], Algorithm: s.algs[i], Allowed: r[0] == 1,
+		(*states)[i] = ratelimit.LimitState{Limit: s.limits[i], Algorithm: s.algs[i], Allowed: r[0] == 1,
 			Remaining: int(r[1]), RetryAfter: time.Duration(r[2]) * time.Microsecond, ResetAfter: time.Duration(r[3]) * time.Microsecond}
 	}
-	d := ratelimit.Combine(states)
-	if s.single {
-		d.Limits = nil
-	}
-	return d, res[0], nil
+	return ratelimit.Combine(states), res[0], nil
 }
 
 // reserve is Reserve for the limits of s.

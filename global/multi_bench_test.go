@@ -49,8 +49,9 @@ func BenchmarkMulti(b *testing.B) {
 		allow func(key string) error
 	}{
 		{"Multi", func(key string) error {
-			var buf [3]ratelimit.LimitState
-			_, err := m.AllowNInto(ctx, key, 1, buf[:0])
+			var arr [3]ratelimit.LimitState
+			buf := arr[:0]
+			_, err := m.AllowNInto(ctx, key, 1, &buf)
 			return err
 		}},
 		{"ThreeLimiters", func(key string) error {

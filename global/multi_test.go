@@ -107,7 +107,7 @@ func TestMultiDenialWritesNothing(t *testing.T) {
 					require.NoError(t, err)
 					require.False(t, d.Allowed)
 					require.Equal(t, limits[want], d.Limit, "the limit that denied: %+v", d)
-					for i, s := range d.Limits {
+					for i, s := range d.Limits() {
 						require.Equal(t, i != want, s.Allowed, "limit %d: %+v", i, d)
 					}
 					require.Equal(t, before, dump(t, dep.c, pattern), "a denial wrote to Redis")
@@ -270,8 +270,8 @@ func TestMultiOfOneIsLimiter(t *testing.T) {
 				require.NoError(t, err)
 				dl, err := l.AllowN(ctx, "k", n)
 				require.NoError(t, err)
-				require.Len(t, dm.Limits, 1)
-				dm.Limits = nil
+				require.Len(t, dm.Limits(), 1)
+				dm = publicOf(dm)
 				require.Equal(t, dl, dm, "request %d", i)
 			}
 		})
@@ -342,9 +342,9 @@ func TestMultiAllowNRejectsBadInput(t *testing.T) {
 
 	// AllowNInto fills the buffer it is given.
 	buf := make([]ratelimit.LimitState, 2, 4)
-	d, err = m.AllowNInto(ctx, "k", 1, buf)
+	d, err = m.AllowNInto(ctx, "k", 1, &buf)
 	require.NoError(t, err)
-	require.Same(t, &buf[0], &d.Limits[0])
+	require.Same(t, &buf[0], &d.Limits()[0])
 }
 
 // TestMultiFailureModes: with a failure mode, a frozen Redis turns a
@@ -373,7 +373,7 @@ func TestMultiFailureModes(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			d, err := tc.m.Allow(ctx, "k")
 			require.NoError(t, err)
-			require.Len(t, d.Limits, 2)
+			require.Len(t, d.Limits(), 2)
 			if d.Allowed {
 				allowed++
 			} else {
@@ -382,4 +382,11 @@ func TestMultiFailureModes(t *testing.T) {
 		}
 		require.Equal(t, tc.allowed, allowed)
 	}
+}
+
+// publicOf returns d without its per-limit states: what a Limiter of one
+// limit decides.
+func publicOf(d ratelimit.Decision) ratelimit.Decision {
+	return ratelimit.Decision{Allowed: d.Allowed, Limit: d.Limit, Algorithm: d.Algorithm,
+		Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 }

@@ -78,42 +78,36 @@ func us(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 // ceilDiv returns ceil(a/b) for a >= 0, b > 0.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// result is one limit's part of a decision, durations in µs. allowed
-// reports that the limit admits n (and, when the decision commits,
-// consumed them); remaining and reset describe the state after the
-// decision.
-type result struct {
-	allowed                 bool
-	remaining, retry, reset int64
+// decision returns the Decision of l with what its algorithm fills left
+// zero: its Limit and Algorithm.
+func (l *algo) decision() ratelimit.Decision {
+	return ratelimit.Decision{Limit: l.limit, Algorithm: l.alg}
 }
 
-func (r result) decision(l *algo) ratelimit.Decision {
-	return ratelimit.Decision{Allowed: r.allowed, Limit: l.limit, Algorithm: l.alg, Remaining: int(r.remaining),
-		RetryAfter: us(r.retry), ResetAfter: us(r.reset)}
+// limitState returns d, a decision of one limit, as a LimitState.
+func limitState(d *ratelimit.Decision) ratelimit.LimitState {
+	return ratelimit.LimitState{Limit: d.Limit, Algorithm: d.Algorithm, Allowed: d.Allowed, Remaining: d.Remaining,
+		RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 }
 
-func (r result) state(l *algo) ratelimit.LimitState {
-	return ratelimit.LimitState{Limit: l.limit, Algorithm: l.alg, Allowed: r.allowed, Remaining: int(r.remaining),
-		RetryAfter: us(r.retry), ResetAfter: us(r.reset)}
-}
-
-// decide takes the decision for n events at now on st: whether they fit and,
-// when commit is true and they do, consumes them. Without commit it leaves
+// decide takes the decision for n events at now on st into d, which the
+// caller passes with only Limit and Algorithm set (decision): whether they
+// fit (Allowed) and, when commit is true and they do, consumes them. Without commit it leaves
 // st as it was, up to bringing it to now (rolling windows, dropping old log
 // entries, refilling the bucket), which changes no later decision. It runs
 // under the lock of the key's shard.
-func (l *algo) decide(st *state, now, n int64, commit bool) result {
+func (l *algo) decide(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	switch l.alg {
 	case ratelimit.FixedWindow:
-		return l.fixedWindow(st, now, n, commit)
+		l.fixedWindow(d, st, now, n, commit)
 	case ratelimit.SlidingWindow:
-		return l.slidingWindow(st, now, n, commit)
+		l.slidingWindow(d, st, now, n, commit)
 	case ratelimit.SlidingLog:
-		return l.slidingLog(st, now, n, commit)
+		l.slidingLog(d, st, now, n, commit)
 	case ratelimit.TokenBucket:
-		return l.tokenBucket(st, now, n, commit)
+		l.tokenBucket(d, st, now, n, commit)
 	default:
-		return l.gcra(st, now, n, commit)
+		l.gcra(d, st, now, n, commit)
 	}
 }
 
@@ -136,18 +130,17 @@ func (l *algo) rollFixed(st *state, now int64) int64 {
 	return ws
 }
 
-func (l *algo) fixedWindow(st *state, now, n int64, commit bool) (r result) {
+func (l *algo) fixedWindow(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	ws := l.rollFixed(st, now)
-	r.allowed = st.b+n <= l.r
-	if r.allowed && commit {
+	d.Allowed = st.b+n <= l.r
+	if d.Allowed && commit {
 		st.b += n
 	}
-	r.remaining = max(l.r-st.b, 0)
-	r.reset = ws + l.p - now
-	if !r.allowed {
-		r.retry = r.reset
+	d.Remaining = int(max(l.r-st.b, 0))
+	d.ResetAfter = us(ws + l.p - now)
+	if !d.Allowed {
+		d.RetryAfter = d.ResetAfter
 	}
-	return r
 }
 
 // first returns the smallest e in [0, P] with floor(c*(P-e)/P) <= room, for
@@ -170,7 +163,7 @@ func (l *algo) rollSliding(st *state, now int64) int64 {
 	return now - ws
 }
 
-func (l *algo) slidingWindow(st *state, now, n int64, commit bool) (r result) {
+func (l *algo) slidingWindow(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	e := l.rollSliding(st, now)
 	est := st.b
 	if w := l.p - e; st.c > (maxExact-1)/w {
@@ -181,27 +174,26 @@ func (l *algo) slidingWindow(st *state, now, n int64, commit bool) (r result) {
 	} else if st.c > 0 {
 		est += st.c * w / l.p
 	}
-	r.allowed = est+n <= l.r
-	if r.allowed && commit {
+	d.Allowed = est+n <= l.r
+	if d.Allowed && commit {
 		st.b += n
 		est += n
 	}
-	r.remaining = max(l.r-est, 0)
-	r.reset = l.p - e
-	if !r.allowed {
+	d.Remaining = int(max(l.r-est, 0))
+	d.ResetAfter = us(l.p - e)
+	if !d.Allowed {
 		if room := l.r - st.b - n; room >= 0 {
-			r.retry = l.first(st.c, room) - e
+			d.RetryAfter = us(l.first(st.c, room) - e)
 		} else {
-			r.retry = l.p - e + l.first(st.b, l.r-n)
+			d.RetryAfter = us(l.p - e + l.first(st.b, l.r-n))
 		}
 	}
-	return r
 }
 
 // at returns the i-th oldest logged time (0-based).
 func (st *state) at(i int) int64 { return st.log[(st.head+i)%len(st.log)] }
 
-func (l *algo) slidingLog(st *state, now, n int64, commit bool) (r result) {
+func (l *algo) slidingLog(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	for st.n > 0 && st.log[st.head] <= now-l.p {
 		st.head++
 		if st.head == len(st.log) {
@@ -209,19 +201,18 @@ func (l *algo) slidingLog(st *state, now, n int64, commit bool) (r result) {
 		}
 		st.n--
 	}
-	r.allowed = int64(st.n)+n <= l.r
-	if r.allowed && commit {
+	d.Allowed = int64(st.n)+n <= l.r
+	if d.Allowed && commit {
 		st.push(now, int(n), int(l.r))
 	}
-	r.remaining = max(l.r-int64(st.n), 0)
+	d.Remaining = int(max(l.r-int64(st.n), 0))
 	if st.n > 0 {
-		r.reset = st.at(st.n-1) + l.p - now
+		d.ResetAfter = us(st.at(st.n-1) + l.p - now)
 	}
-	if !r.allowed {
+	if !d.Allowed {
 		k := int64(st.n) + n - l.r // 1-based, 1 <= k <= st.n
-		r.retry = st.at(int(k-1)) + l.p - now
+		d.RetryAfter = us(st.at(int(k-1)) + l.p - now)
 	}
-	return r
 }
 
 // push appends k copies of t to the log, growing the ring (by doubling, up
@@ -266,35 +257,33 @@ func (l *algo) refill(st *state, now int64) {
 	st.b = now
 }
 
-func (l *algo) tokenBucket(st *state, now, n int64, commit bool) (r result) {
+func (l *algo) tokenBucket(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	l.refill(st, now)
 	u := st.a
 	need := n * l.p
-	r.allowed = u >= need
-	if r.allowed && commit {
+	d.Allowed = u >= need
+	if d.Allowed && commit {
 		u -= need
 		st.a = u
 	}
-	if !r.allowed {
-		r.retry = ceilDiv(need-u, l.r)
+	if !d.Allowed {
+		d.RetryAfter = us(ceilDiv(need-u, l.r))
 	}
-	r.remaining = max(u, 0) / l.p
-	r.reset = ceilDiv(l.c-u, l.r)
-	return r
+	d.Remaining = int(max(u, 0) / l.p)
+	d.ResetAfter = us(ceilDiv(l.c-u, l.r))
 }
 
-func (l *algo) gcra(st *state, now, n int64, commit bool) (r result) {
+func (l *algo) gcra(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	tat := max(st.a, now)
 	ntat := tat + n*l.t
-	r.allowed = ntat-now <= l.tau
-	if r.allowed && commit {
+	d.Allowed = ntat-now <= l.tau
+	if d.Allowed && commit {
 		tat = ntat
 	}
 	st.a = tat
-	if !r.allowed {
-		r.retry = ntat - l.tau - now
+	if !d.Allowed {
+		d.RetryAfter = us(ntat - l.tau - now)
 	}
-	r.remaining = max(l.tau-(tat-now), 0) / l.t
-	r.reset = tat - now
-	return r
+	d.Remaining = int(max(l.tau-(tat-now), 0) / l.t)
+	d.ResetAfter = us(tat - now)
 }

@@ -62,7 +62,7 @@ func ExampleMulti() {
 	ctx := context.Background()
 	show := func(d ratelimit.Decision) {
 		fmt.Printf("%v by %v, retry %v;", d.Allowed, d.Limit, d.RetryAfter)
-		for _, s := range d.Limits {
+		for _, s := range d.Limits() {
 			fmt.Printf(" %v: %d left", s.Limit, s.Remaining)
 		}
 		fmt.Println()

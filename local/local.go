@@ -245,10 +245,11 @@ func (l *Limiter) allow(key string, n int64) ratelimit.Decision {
 		st = new(state)
 		*st = l.newState(now)
 		st.promoted = s.insert(key, st)
-	} else {
-		s.promote(key, &st.promoted)
+	} else if s.stale(st.promoted) {
+		st.promoted = s.moveToFront(key)
 	}
-	d := l.decide(st, now, n, true).decision(&l.algo)
+	d := l.decision()
+	l.decide(&d, st, now, n, true)
 	s.mu.Unlock()
 	return d
 }
@@ -269,8 +270,8 @@ func (l *Limiter) entry(s *tableShard[*state], key string, now int64) *state {
 		st = new(state)
 		*st = l.newState(now)
 		st.promoted = s.insert(key, st)
-	} else {
-		s.promote(key, &st.promoted)
+	} else if s.stale(st.promoted) {
+		st.promoted = s.moveToFront(key)
 	}
 	return st
 }

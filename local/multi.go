@@ -113,24 +113,21 @@ func (m *Multi) AllowN(ctx context.Context, key string, n int) (ratelimit.Decisi
 	return m.AllowNInto(ctx, key, n, nil)
 }
 
-// AllowNInto is AllowN that writes the state of each limit into states
-// when cap(states) >= len(Limits()), and into a new slice otherwise; the
-// Decision's Limits is that slice.
-func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states []ratelimit.LimitState) (ratelimit.Decision, error) {
+// AllowNInto is AllowN that writes the state of each limit into *states,
+// reusing its array when its capacity holds them all, and allocates
+// nothing then for a key already known; the Decision's Limits is *states.
+// A nil states is AllowN.
+func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
 	if err := m.check(key, n); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	if cap(states) >= len(m.algos) {
-		states = states[:len(m.algos)]
-	} else {
-		states = make([]ratelimit.LimitState, len(m.algos))
-	}
+	states = check.States(states, len(m.algos))
 	var buf [memkey.DigestLen]byte
 	key = tableKey(key, &buf)
 	now := m.now()
 	s := m.table.shard(key)
 	s.mu.Lock()
-	m.decide(m.entry(s, key, now), now, int64(n), states)
+	m.decide(m.entry(s, key, now), now, int64(n), *states)
 	s.mu.Unlock()
 	return ratelimit.Combine(states), nil
 }
@@ -149,19 +146,20 @@ func (m *Multi) check(key string, n int) error {
 // states: every limit is asked first, and only when all admit n are they
 // consumed from each.
 func (m *Multi) decide(sts []state, now, n int64, states []ratelimit.LimitState) {
-	var res [ratelimit.MaxLimits]result
 	all := true
 	for i := range m.algos {
-		res[i] = m.algos[i].decide(&sts[i], now, n, false)
-		all = all && res[i].allowed
+		d := m.algos[i].decision()
+		m.algos[i].decide(&d, &sts[i], now, n, false)
+		states[i] = limitState(&d)
+		all = all && d.Allowed
 	}
-	if all {
-		for i := range m.algos {
-			res[i] = m.algos[i].decide(&sts[i], now, n, true)
-		}
+	if !all {
+		return
 	}
 	for i := range m.algos {
-		states[i] = res[i].state(&m.algos[i])
+		d := m.algos[i].decision()
+		m.algos[i].decide(&d, &sts[i], now, n, true)
+		states[i] = limitState(&d)
 	}
 }
 
@@ -182,8 +180,8 @@ func (m *Multi) entry(s *tableShard[[]state], key string, now int64) []state {
 			sts[i] = m.algos[i].newState(now)
 		}
 		sts[0].promoted = s.insert(key, sts)
-	} else {
-		s.promote(key, &sts[0].promoted)
+	} else if s.stale(sts[0].promoted) {
+		sts[0].promoted = s.moveToFront(key)
 	}
 	return sts
 }
@@ -202,13 +200,13 @@ func (m *Multi) Reserve(ctx context.Context, key string, estimate int) (*ratelim
 	if err := m.check(key, estimate); err != nil {
 		return nil, err
 	}
-	states := make([]ratelimit.LimitState, len(m.algos))
+	states := check.States(nil, len(m.algos))
 	var buf [memkey.DigestLen]byte
 	tk := tableKey(key, &buf)
 	now := m.now()
 	s := m.table.shard(tk)
 	s.mu.Lock()
-	m.decide(m.entry(s, tk, now), now, int64(estimate), states)
+	m.decide(m.entry(s, tk, now), now, int64(estimate), *states)
 	s.mu.Unlock()
 	return reservation(ratelimit.Combine(states), estimate, m, key, now), nil
 }

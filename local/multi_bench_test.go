@@ -42,8 +42,9 @@ var multiDeciders = []decider{
 	{"Multi/AllowNInto", func(b *testing.B) func(context.Context, string) bool {
 		m := benchMulti(b)
 		return func(ctx context.Context, key string) bool {
-			var buf [3]ratelimit.LimitState
-			d, _ := m.AllowNInto(ctx, key, 1, buf[:0])
+			var arr [3]ratelimit.LimitState
+			buf := arr[:0]
+			d, _ := m.AllowNInto(ctx, key, 1, &buf)
 			return d.Allowed
 		}
 	}},

@@ -36,8 +36,8 @@ func TestMultiAllOrNothing(t *testing.T) {
 		[]ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.FixedWindow, ratelimit.TokenBucket}, c)
 	ctx := context.Background()
 	remaining := func(d ratelimit.Decision) []int {
-		r := make([]int, len(d.Limits))
-		for i, s := range d.Limits {
+		r := make([]int, len(d.Limits()))
+		for i, s := range d.Limits() {
 			r[i] = s.Remaining
 		}
 		return r
@@ -55,8 +55,8 @@ func TestMultiAllOrNothing(t *testing.T) {
 	require.Equal(t, sec, d.Limit)
 	require.Equal(t, time.Second, d.RetryAfter)
 	require.Equal(t, []int{0, 2, 1}, remaining(d))
-	require.Equal(t, []bool{false, true, true}, []bool{d.Limits[0].Allowed, d.Limits[1].Allowed, d.Limits[2].Allowed})
-	require.Equal(t, ratelimit.TokenBucket, d.Limits[2].Algorithm)
+	require.Equal(t, []bool{false, true, true}, []bool{d.Limits()[0].Allowed, d.Limits()[1].Allowed, d.Limits()[2].Allowed})
+	require.Equal(t, ratelimit.TokenBucket, d.Limits()[2].Algorithm)
 
 	c.Advance(time.Second) // the bucket refilled one token: 2
 	d, err = m.AllowN(ctx, "k", 2)
@@ -74,7 +74,7 @@ func TestMultiAllOrNothing(t *testing.T) {
 	require.False(t, d.Allowed)
 	require.Equal(t, minute, d.Limit)
 	require.Equal(t, 59*time.Second, d.RetryAfter)
-	require.Equal(t, time.Second, d.Limits[2].RetryAfter)
+	require.Equal(t, time.Second, d.Limits()[2].RetryAfter)
 	require.Equal(t, []int{1, 0, 0}, remaining(d), "the per-second window still holds its one")
 }
 
@@ -135,10 +135,10 @@ func TestMultiOfOneIsLimiter(t *testing.T) {
 				require.NoError(t, err)
 				dl, err := l.AllowN(ctx, "k", n)
 				require.NoError(t, err)
-				require.Len(t, dm.Limits, 1)
+				require.Len(t, dm.Limits(), 1)
 				require.Equal(t, ratelimit.LimitState{Limit: limit, Algorithm: alg, Allowed: dl.Allowed, Remaining: dl.Remaining,
-					RetryAfter: dl.RetryAfter, ResetAfter: dl.ResetAfter}, dm.Limits[0], "request %d", i)
-				dm.Limits = nil
+					RetryAfter: dl.RetryAfter, ResetAfter: dl.ResetAfter}, dm.Limits()[0], "request %d", i)
+				dm = publicOf(dm)
 				require.Equal(t, dl, dm, "request %d", i)
 			}
 		})
@@ -279,11 +279,11 @@ func TestMultiAllowNIntoDoesNotAllocate(t *testing.T) {
 		[]ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow, ratelimit.TokenBucket}, c)
 	ctx := context.Background()
 	buf := make([]ratelimit.LimitState, 0, 3)
-	_, err := m.AllowNInto(ctx, "k", 1, buf)
+	_, err := m.AllowNInto(ctx, "k", 1, &buf)
 	require.NoError(t, err)
 	allocs := testing.AllocsPerRun(100, func() {
-		d, _ := m.AllowNInto(ctx, "k", 1, buf)
-		if len(d.Limits) != 3 || &d.Limits[0] != &buf[:1][0] {
+		d, _ := m.AllowNInto(ctx, "k", 1, &buf)
+		if len(d.Limits()) != 3 || &d.Limits()[0] != &buf[0] {
 			t.Fatal("Limits is not the buffer")
 		}
 	})
@@ -303,7 +303,7 @@ func TestMultiHeapBounded(t *testing.T) {
 	ctx := context.Background()
 	buf := make([]ratelimit.LimitState, 0, 3)
 	for i := 0; i < total; i++ {
-		if _, err := m.AllowNInto(ctx, "user:"+strconv.Itoa(i), 1, buf); err != nil {
+		if _, err := m.AllowNInto(ctx, "user:"+strconv.Itoa(i), 1, &buf); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -334,7 +334,14 @@ func TestMultiLongKeys(t *testing.T) {
 		d, err = m.AllowN(ctx, key, 3)
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "3 came back to the key's own state")
-		require.Equal(t, []int{0, 3}, []int{d.Limits[0].Remaining, d.Limits[1].Remaining})
+		require.Equal(t, []int{0, 3}, []int{d.Limits()[0].Remaining, d.Limits()[1].Remaining})
 	}
 	require.Equal(t, 3, m.Len())
+}
+
+// publicOf returns d without its per-limit states: what a Limiter of one
+// limit decides.
+func publicOf(d ratelimit.Decision) ratelimit.Decision {
+	return ratelimit.Decision{Allowed: d.Allowed, Limit: d.Limit, Algorithm: d.Algorithm,
+		Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 }

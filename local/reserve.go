@@ -33,7 +33,8 @@ func (l *Limiter) Reserve(ctx context.Context, key string, estimate int) (*ratel
 	now := l.now()
 	s := l.table.shard(tk)
 	s.mu.Lock()
-	d := l.decide(l.entry(s, tk, now), now, int64(estimate), true).decision(&l.algo)
+	d := l.decision()
+	l.decide(&d, l.entry(s, tk, now), now, int64(estimate), true)
 	s.mu.Unlock()
 	return reservation(d, estimate, l, key, now), nil
 }

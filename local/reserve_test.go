@@ -163,13 +163,13 @@ func TestReserveMultiSettlesEveryLimit(t *testing.T) {
 	r := reserve(t, m, 10)
 	require.NoError(t, r.Settle(ctx, 4))
 	d := allowN(t, m, 1)
-	require.Equal(t, []int{5, 15}, []int{d.Limits[0].Remaining, d.Limits[1].Remaining})
+	require.Equal(t, []int{5, 15}, []int{d.Limits()[0].Remaining, d.Limits()[1].Remaining})
 
 	r = reserve(t, m, 5)
 	require.NoError(t, r.Settle(ctx, 20)) // 15 over: the bucket -15, the minute 36
 	d = allowN(t, m, 1)
 	require.False(t, d.Allowed)
-	require.Equal(t, []bool{false, false}, []bool{d.Limits[0].Allowed, d.Limits[1].Allowed})
+	require.Equal(t, []bool{false, false}, []bool{d.Limits()[0].Allowed, d.Limits()[1].Allowed})
 	require.Equal(t, 60*time.Second, d.RetryAfter, "the later of the minute's 60s and the bucket's 16s")
 }
 
@@ -245,7 +245,7 @@ func TestReserveSettleConcurrent(t *testing.T) {
 			wg.Wait()
 			d := allowN(t, m, 1)
 			require.Equal(t, []int{limit.Rate - int(want.Load()) - 1, 1_000_000 - int(want.Load()) - 1},
-				[]int{d.Limits[0].Remaining, d.Limits[1].Remaining})
+				[]int{d.Limits()[0].Remaining, d.Limits()[1].Remaining})
 		})
 	}
 }

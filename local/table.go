@@ -118,20 +118,24 @@ func (s *tableShard[V]) insert(key string, v V) uint64 {
 	return s.tick
 }
 
-// promote is the Limiters' lazy promotion of an entry found in s, whose
-// lock the caller holds; *promoted is the tick of its last move to the
-// front. An entry moved fewer than gap (3/4 of the shard's capacity)
-// insertions or moves ago is still within the front three quarters of its
-// shard, so it is left in place. This spares the writes and cache misses of
-// relinking neighbours on most decisions, and still evicts only keys left
-// unused while at least a quarter of the shard's capacity of other keys
-// were inserted or moved.
-func (s *tableShard[V]) promote(key string, promoted *uint64) {
-	if s.tick-*promoted >= s.gap {
-		s.lru.Get(key) // move to the front
-		s.tick++
-		*promoted = s.tick
-	}
+// The Limiters promote an entry lazily: an entry moved to the front fewer
+// than gap (3/4 of the shard's capacity) insertions or moves ago is still
+// within the front three quarters of its shard, so it is left in place
+// (stale reports when it is not). This spares the writes and cache misses
+// of relinking neighbours on most decisions, and still evicts only keys
+// left unused while at least a quarter of the shard's capacity of other
+// keys were inserted or moved.
+
+// stale reports whether an entry last moved to the front at tick promoted
+// is due to move again. The caller holds s's lock.
+func (s *tableShard[V]) stale(promoted uint64) bool { return s.tick-promoted >= s.gap }
+
+// moveToFront moves key to the front of s, whose lock the caller holds, and
+// returns the tick to record as its promotion.
+func (s *tableShard[V]) moveToFront(key string) uint64 {
+	s.lru.Get(key)
+	s.tick++
+	return s.tick
 }
 
 // Get returns the value stored for key and whether it was present, and marks
