@@ -5,8 +5,11 @@
 // The root package holds what every limiter shares: Limit (Rate events per
 // Period, with a Burst for the bucket algorithms) and ParseLimit to read one
 // from configuration ("100/min"), Algorithm, Decision, the Limiter
-// interface, the error values and SetHeaders for HTTP responses. The
-// limiters live in subpackages:
+// interface, the error values and SetHeaders for HTTP responses; for
+// limiters of several limits per key, MultiLimiter, LimitState and Combine;
+// for work whose cost is known only after it, Reserver and Reservation
+// (reserve an estimate, settle with the actual cost). The limiters live in
+// subpackages:
 //
 //   - hybrid: the main API. Each instance answers almost every decision from
 //     memory, out of a slice of the global quota leased from Redis, and a

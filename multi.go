@@ -30,8 +30,8 @@ type LimitState struct {
 }
 
 // Combine returns the Decision of a multi-limit decision from the state of
-// each of its limits, in the limiter's order. Limiters call it; it is
-// exported so that every package combines the same way.
+// each of its limits, *states, in the limiter's order. Limiters call it; it
+// is exported so that every package combines the same way.
 //
 // The Decision is Allowed when every limit allows. It describes the
 // tightest limit: when allowed, the one with the least Remaining (ties: the
@@ -39,13 +39,18 @@ type LimitState struct {
 // limit with the latest RetryAfter (ties: less Remaining, longer
 // ResetAfter, then the first), so that its RetryAfter is the time after
 // which every limit admits the request (no algorithm turns an admission
-// into a denial by waiting). Limits is states itself, not a copy.
+// into a denial by waiting). The Decision's Limits is *states itself, not
+// a copy (Combine keeps the pointer, so that a Decision stays nine words).
 //
-// For empty states Combine returns the zero Decision.
-func Combine(states []LimitState) Decision {
-	if len(states) == 0 {
+// For a nil or empty *states Combine returns the zero Decision.
+func Combine(states *[]LimitState) Decision {
+	if states == nil || len(*states) == 0 {
 		return Decision{}
 	}
+	return combine(*states, states)
+}
+
+func combine(states []LimitState, p *[]LimitState) Decision {
 	allowed := true
 	for i := range states {
 		if !states[i].Allowed {
@@ -64,7 +69,7 @@ func Combine(states []LimitState) Decision {
 		}
 	}
 	s := &states[best]
-	d := Decision{Allowed: allowed, Limit: s.Limit, Algorithm: s.Algorithm, Remaining: s.Remaining, ResetAfter: s.ResetAfter, Limits: states}
+	d := Decision{Allowed: allowed, Limit: s.Limit, Algorithm: s.Algorithm, Remaining: s.Remaining, ResetAfter: s.ResetAfter, limits: p}
 	if !allowed {
 		d.RetryAfter = s.RetryAfter
 	}
@@ -103,9 +108,9 @@ type MultiLimiter interface {
 	// Limits returns the limits in order; Algorithms their algorithms.
 	Limits() []Limit
 	Algorithms() []Algorithm
-	// AllowNInto is AllowN that writes the state of each limit into states
-	// when its capacity holds them all (otherwise into a new slice), so
-	// that a caller who reuses a buffer decides without allocating. The
-	// Decision's Limits is that slice.
-	AllowNInto(ctx context.Context, key string, n int, states []LimitState) (Decision, error)
+	// AllowNInto is AllowN that writes the state of each limit into
+	// *states, reusing its array when its capacity holds them all, so that
+	// a caller who reuses a buffer decides without allocating; the
+	// Decision's Limits is *states. A nil states is AllowN.
+	AllowNInto(ctx context.Context, key string, n int, states *[]LimitState) (Decision, error)
 }

@@ -16,6 +16,16 @@
 // theoretical arrival time) are computed as differences from now, and GCRA's
 // is stored as exact decimal digits, never as a double.
 //
+// # Several limits, and reservations
+//
+// Multi (NewMulti) enforces several limits on each key, each with its own
+// Algorithm (WithAlgorithms), in one script call that consumes from every
+// limit or, when any denies, from none and writes nothing. Limiter and Multi
+// reserve quota for work whose cost is known only after it (Reserve, then
+// Reservation.Settle): the settlement is one script call that applies it at
+// most once, kept so by a small record per settled reservation that lives
+// SettleRecordTTL, so a Settle retried after a lost reply is a no-op.
+//
 // # Keys and expiry
 //
 // All state of one user key lives under "<prefix>:{<tag>}:" (see KeyBase and
@@ -23,7 +33,9 @@
 // longer than MaxVerbatimKey bytes, holds '{' or '}', or starts with '#' is
 // replaced by a hash of it, so user keys never reach Redis verbatim. The
 // suffixes are "fw:<window>", "sw:<window>", "sl" and "sl:seq", "tb", and
-// "gcra". Every key a script writes gets its PEXPIRE in the same script (the
+// "gcra", each with the limit in it (see docs/algorithms.md), so a Multi's
+// limit and a Limiter of the same limit and algorithm count in one state; a
+// settled reservation's record is "rsv:<id>". Every key a script writes gets its PEXPIRE in the same script (the
 // time the state matters, rounded up to milliseconds, plus one second of
 // grace), so no key outlives its use whatever the crash point, and a denied
 // request writes nothing.

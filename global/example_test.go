@@ -66,3 +66,65 @@ func ExampleLimiter_AllowN() {
 		fmt.Println("retry in", d.RetryAfter)
 	}
 }
+
+func ExampleNewMulti() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+
+	lim, err := global.NewMulti(rdb, []ratelimit.Limit{
+		{Rate: 10, Period: time.Second, Burst: 20},
+		ratelimit.PerMinute(300),
+		{Rate: 10_000, Period: 24 * time.Hour},
+	}, global.WithAlgorithms(ratelimit.TokenBucket, ratelimit.FixedWindow, ratelimit.FixedWindow))
+	if err != nil {
+		log.Fatal(err)
+	}
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		d, err := lim.Allow(r.Context(), r.Header.Get("X-API-Key"))
+		if err != nil {
+			http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		ratelimit.SetHeaders(w.Header(), d) // the tightest limit
+		for _, s := range d.Limits() {      // and each policy
+			w.Header().Add("X-RateLimit-Policy", fmt.Sprintf("%d;w=%d", s.Limit.Capacity(s.Algorithm), int(s.Limit.Period.Seconds())))
+		}
+		if !d.Allowed {
+			http.Error(w, "too many requests", http.StatusTooManyRequests)
+			return
+		}
+		fmt.Fprintln(w, "hello")
+	}
+	http.HandleFunc("/", handler)
+}
+
+// ExampleMulti_Reserve charges an LLM call by the tokens it really used:
+// the estimate is reserved before the call and settled after it, once,
+// whatever replies are lost on the way (a retried Settle is a no-op).
+func ExampleMulti_Reserve() {
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	lim, err := global.NewMulti(rdb, []ratelimit.Limit{ratelimit.PerMinute(40_000), {Rate: 1_000_000, Period: 24 * time.Hour}},
+		global.WithPrefix("llm-tokens"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	r, err := lim.Reserve(ctx, "tenant-42", 2000)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !r.OK() {
+		fmt.Println("retry in", r.Decision().RetryAfter)
+		return
+	}
+	used := 1234 // from the model's reply
+	for try := 0; try < 3; try++ {
+		if err = r.Settle(ctx, used); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		log.Print("unsettled: the estimate stands: ", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/check"
 )
 
 // Defaults of the failure options.
@@ -53,16 +54,78 @@ func newFailure(c *config) (*failure, error) {
 	return f, nil
 }
 
+// run calls fn, which calls Redis, under the failure policy of f: with a
+// deadline of f.timeout, and not at all while the breaker is open. It
+// reports fallback when the decision must be taken without Redis (the
+// breaker is open, or fn failed and was counted against it), and returns
+// the error of a caller who gave up (which says nothing of Redis). A nil f
+// only calls fn.
+func (f *failure) run(ctx context.Context, fn func(context.Context) error) (fallback bool, err error) {
+	if f == nil {
+		err := fn(ctx)
+		if err != nil {
+			if cerr := callerEnded(ctx); cerr != nil {
+				return false, cerr
+			}
+		}
+		return false, err
+	}
+	if err := ctx.Err(); err != nil {
+		// The caller's own deadline or cancellation says nothing of
+		// Redis: it must not reach the breaker.
+		return false, err
+	}
+	if !f.brk.Allow() {
+		return true, nil
+	}
+	callCtx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	if err := fn(callCtx); err != nil {
+		if cerr := callerEnded(ctx); cerr != nil {
+			return false, cerr // the caller gave up, not Redis
+		}
+		f.brk.Failure()
+		return true, nil
+	}
+	f.brk.Success()
+	return false, nil
+}
+
+// decideMulti answers a multi-limit request without Redis, per the failure
+// mode: FailOpen and FailClosed give every limit the same answer.
+func (f *failure) decideMulti(ctx context.Context, s *limitSet, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
+	f.count.Add(1)
+	if f.mode == ratelimit.FailLocal {
+		if fb, ok := f.fallback.(ratelimit.MultiLimiter); ok {
+			return fb.AllowNInto(ctx, key, n, states)
+		}
+		return f.fallback.AllowN(ctx, key, n)
+	}
+	states = check.States(states, len(s.limits))
+	for i, l := range s.limits {
+		d := f.answer(l, s.algs[i], n)
+		(*states)[i] = ratelimit.LimitState{Limit: l, Algorithm: s.algs[i], Allowed: d.Allowed, Remaining: max(d.Remaining, 0),
+			RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
+	}
+	return ratelimit.Combine(states), nil
+}
+
 // decide answers without Redis, per the failure mode.
 func (f *failure) decide(ctx context.Context, limit ratelimit.Limit, alg ratelimit.Algorithm, key string, n int) (ratelimit.Decision, error) {
 	f.count.Add(1)
-	switch f.mode {
-	case ratelimit.FailOpen:
-		return ratelimit.Decision{Allowed: true, Limit: limit, Algorithm: alg, Remaining: limit.Capacity(alg) - n}, nil
-	case ratelimit.FailClosed:
-		return ratelimit.Decision{Limit: limit, Algorithm: alg, RetryAfter: f.openFor, ResetAfter: f.openFor}, nil
+	if f.mode == ratelimit.FailLocal {
+		return f.fallback.AllowN(ctx, key, n)
 	}
-	return f.fallback.AllowN(ctx, key, n)
+	return f.answer(limit, alg, n), nil
+}
+
+// answer is the decision of FailOpen (allowed) or FailClosed (denied until
+// the breaker probes again).
+func (f *failure) answer(limit ratelimit.Limit, alg ratelimit.Algorithm, n int) ratelimit.Decision {
+	if f.mode == ratelimit.FailOpen {
+		return ratelimit.Decision{Allowed: true, Limit: limit, Algorithm: alg, Remaining: limit.Capacity(alg) - n}
+	}
+	return ratelimit.Decision{Limit: limit, Algorithm: alg, RetryAfter: f.openFor, ResetAfter: f.openFor}
 }
 
 // WithFailureMode makes AllowN decide without Redis, with a nil error, when

@@ -15,6 +15,8 @@ import (
 )
 
 var (
+	//go:embed algorithms.lua
+	algorithmsLua string
 	//go:embed fixed_window.lua
 	fixedWindowLua string
 	//go:embed sliding_window.lua
@@ -28,13 +30,13 @@ var (
 )
 
 // scripts holds one script per Algorithm, indexed by it, each built on the
-// module's shared Lua prelude.
+// module's shared Lua prelude and the package's algorithms.lua.
 var scripts = [...]*redis.Script{
-	ratelimit.FixedWindow:   script.New(fixedWindowLua),
-	ratelimit.SlidingWindow: script.New(slidingWindowLua),
-	ratelimit.SlidingLog:    script.New(slidingLogLua),
-	ratelimit.TokenBucket:   script.New(tokenBucketLua),
-	ratelimit.GCRA:          script.New(gcraLua),
+	ratelimit.FixedWindow:   script.New(algorithmsLua + fixedWindowLua),
+	ratelimit.SlidingWindow: script.New(algorithmsLua + slidingWindowLua),
+	ratelimit.SlidingLog:    script.New(algorithmsLua + slidingLogLua),
+	ratelimit.TokenBucket:   script.New(algorithmsLua + tokenBucketLua),
+	ratelimit.GCRA:          script.New(algorithmsLua + gcraLua),
 }
 
 // DefaultAlgorithm is the Algorithm a Limiter uses when WithAlgorithm is not
@@ -65,6 +67,7 @@ type Limiter struct {
 	nrest int
 
 	fail *failure // nil unless WithFailureMode was given
+	set  limitSet // the one limit, for Reserve
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -77,16 +80,16 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // for an unknown algorithm; and ratelimit.ErrInvalidOption for a nil client
 // or an option out of range. New does not talk to Redis.
 func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
-	if script.IsNilClient(client) {
-		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
+	c, err := newConfig(client, opts)
+	if err != nil {
+		return nil, err
 	}
-	c := config{alg: DefaultAlgorithm, prefix: DefaultPrefix}
-	for _, o := range opts {
-		if o == nil {
-			continue
+	if c.algs != nil {
+		if len(c.algs) != 1 {
+			return nil, fmt.Errorf("%w: %d algorithms for one limit", ratelimit.ErrInvalidOption, len(c.algs))
 		}
-		if err := o.apply(&c); err != nil {
-			return nil, err
+		if c.alg = c.algs[0]; !c.alg.Valid() {
+			return nil, fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, c.alg)
 		}
 	}
 	if err := limit.Validate(); err != nil {
@@ -94,11 +97,10 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	}
 	p := int64(limit.Period / time.Microsecond)
 	l := &Limiter{client: client, limit: limit, alg: c.alg, prefix: c.prefix, clock: c.clock, script: scripts[c.alg]}
-	f, err := newFailure(&c)
-	if err != nil {
+	if l.fail, err = newFailure(&c); err != nil {
 		return nil, err
 	}
-	l.fail = f
+	l.set = newLimitSet([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, false)
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
 	switch c.alg {
 	case ratelimit.TokenBucket:
@@ -145,44 +147,26 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	var now any = ""
-	if l.clock != nil {
-		us := l.clock().UnixMicro()
-		if us < 0 {
-			return ratelimit.Decision{}, fmt.Errorf("%w: WithClock returned a time before the Unix epoch", ratelimit.ErrInvalidOption)
-		}
-		now = us
+	now, err := clockArg(l.clock)
+	if err != nil {
+		return ratelimit.Decision{}, err
 	}
-	args := make([]any, 0, 5)
+	args := make([]any, 0, 6)
 	args = append(args, now, n)
 	args = append(args, l.rest[:l.nrest]...)
-	callCtx := ctx
-	if l.fail != nil {
-		if err := ctx.Err(); err != nil {
-			// The caller's own deadline or cancellation says nothing of
-			// Redis: it must not reach the breaker.
-			return ratelimit.Decision{}, err
-		}
-		if !l.fail.brk.Allow() {
-			return l.fail.decide(ctx, l.limit, l.alg, key, n)
-		}
-		var cancel context.CancelFunc
-		callCtx, cancel = context.WithTimeout(ctx, l.fail.timeout)
-		defer cancel()
-	}
-	res, err := l.script.Run(callCtx, l.client, []string{base}, args...).Int64Slice()
-	if err != nil {
-		if cerr := callerEnded(ctx); cerr != nil {
-			return ratelimit.Decision{}, cerr // the caller gave up, not Redis
-		}
-		if l.fail != nil {
-			l.fail.brk.Failure()
-			return l.fail.decide(ctx, l.limit, l.alg, key, n)
-		}
+	var res []int64
+	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
+		return err
+	})
+	switch {
+	case fallback:
+		return l.fail.decide(ctx, l.limit, l.alg, key, n)
+	case err != nil && callerEnded(ctx) != nil:
+		return ratelimit.Decision{}, err // the caller gave up, not Redis
+	case err != nil:
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script: %w", l.alg, err)
-	}
-	if l.fail != nil {
-		l.fail.brk.Success()
 	}
 	if len(res) != 4 {
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script returned %d values, want 4", l.alg, len(res))
@@ -211,9 +195,36 @@ func callerEnded(ctx context.Context) error {
 	return nil
 }
 
+// Reserve decides as AllowN(ctx, key, estimate) (without the failure mode:
+// a Redis error is returned) and returns the decision as a
+// ratelimit.Reservation, to be settled with the actual cost (see
+// ratelimit.Reservation for the model, docs/algorithms.md for each
+// algorithm's rule). It counts in the same state as AllowN. Settling is one
+// script call that applies the settlement at most once, whatever replies
+// are lost (see SettleRecordTTL). It returns an error wrapping
+// ratelimit.ErrInvalidAlgorithm for SlidingLog, whose log of at most Rate
+// events per key cannot hold an overdraft.
+func (l *Limiter) Reserve(ctx context.Context, key string, estimate int) (*ratelimit.Reservation, error) {
+	return l.set.reserve(ctx, l.client, l.prefix, l.clock, key, estimate)
+}
+
+// clockArg returns the now argument of a script: "" for Redis TIME, or
+// clock's time in microseconds.
+func clockArg(clock func() time.Time) (any, error) {
+	if clock == nil {
+		return "", nil
+	}
+	us := clock().UnixMicro()
+	if us < 0 {
+		return nil, fmt.Errorf("%w: WithClock returned a time before the Unix epoch", ratelimit.ErrInvalidOption)
+	}
+	return us, nil
+}
+
 // config is what the Options set.
 type config struct {
 	alg      ratelimit.Algorithm
+	algs     []ratelimit.Algorithm // WithAlgorithms; nil: alg for every limit
 	prefix   string
 	clock    func() time.Time
 	failMode *ratelimit.FailureMode
@@ -234,15 +245,56 @@ type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
 
-// WithAlgorithm selects how the Limiter counts; the default is
-// DefaultAlgorithm (FixedWindow). New rejects an unknown Algorithm with
-// ratelimit.ErrInvalidAlgorithm.
+// newConfig checks client and applies opts over the defaults.
+func newConfig(client redis.UniversalClient, opts []Option) (config, error) {
+	c := config{alg: DefaultAlgorithm, prefix: DefaultPrefix}
+	if script.IsNilClient(client) {
+		return c, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&c); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// algorithmsFor returns the algorithm of each of k limits.
+func (c *config) algorithmsFor(k int) []ratelimit.Algorithm {
+	if c.algs != nil {
+		return c.algs
+	}
+	algs := make([]ratelimit.Algorithm, k)
+	for i := range algs {
+		algs[i] = c.alg
+	}
+	return algs
+}
+
+// WithAlgorithm selects how the Limiter counts (for NewMulti: every
+// limit); the default is DefaultAlgorithm (FixedWindow). New rejects an
+// unknown Algorithm with ratelimit.ErrInvalidAlgorithm.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
 	return optionFunc(func(c *config) error {
 		if !a.Valid() {
 			return fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, a)
 		}
-		c.alg = a
+		c.alg, c.algs = a, nil
+		return nil
+	})
+}
+
+// WithAlgorithms selects the Algorithm of each limit of NewMulti, in the
+// order of its limits: one per limit, or NewMulti returns an error
+// wrapping ratelimit.ErrInvalidOption (New takes exactly one). It and
+// WithAlgorithm override each other, the later winning.
+func WithAlgorithms(algs ...ratelimit.Algorithm) Option {
+	algs = append(make([]ratelimit.Algorithm, 0, len(algs)), algs...) // never nil: none is an error
+	return optionFunc(func(c *config) error {
+		c.algs = algs
 		return nil
 	})
 }

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
@@ -14,6 +15,9 @@ import (
 //	SlidingLog:    log = ring of admitted event times, head = oldest, n = length
 //	TokenBucket:   a = content u (one token = P units), b = ts
 //	GCRA:          a = tat
+//
+// A settled overdraft (see settle) can take a count past Rate, u below 0
+// and tat past now + tau.
 type state struct {
 	promoted uint64 // the shard's tick when the entry last moved to the LRU front
 	a, b, c  int64
@@ -21,8 +25,43 @@ type state struct {
 	head, n  int
 }
 
-func (l *Limiter) newState(now int64) *state {
-	st := &state{}
+// maxExact is 2^53, the bound of the integers every implementation (Redis'
+// Lua doubles included) computes exactly; Limit.Validate keeps Rate x
+// Period and Burst x Period within it, and overdrafts saturate at it.
+const maxExact = 1 << 53
+
+// algo is one Limit counted with one Algorithm: the constants a decision
+// needs, in integer microseconds (docs/algorithms.md).
+type algo struct {
+	limit     ratelimit.Limit
+	alg       ratelimit.Algorithm
+	maxN      int   // the largest valid n: Rate (windows) or Capacity (buckets)
+	p, r, b   int64 // Period in µs, Rate, Capacity
+	c         int64 // TokenBucket capacity in units: b * p
+	fullAfter int64 // TokenBucket: ceil(c / r), the refill time of an empty bucket
+	t, tau    int64 // GCRA emission interval and tolerance, µs
+}
+
+func newAlgo(limit ratelimit.Limit, alg ratelimit.Algorithm) (algo, error) {
+	if err := limit.Validate(); err != nil {
+		return algo{}, err
+	}
+	p := int64(limit.Period / time.Microsecond)
+	a := algo{limit: limit, alg: alg, p: p, r: int64(limit.Rate), b: int64(limit.Capacity(alg)), maxN: limit.Capacity(alg)}
+	a.c = a.b * p
+	a.fullAfter = ceilDiv(a.c, a.r)
+	if alg == ratelimit.GCRA {
+		if p < a.r {
+			return algo{}, fmt.Errorf("%w: GCRA needs Period >= Rate microseconds (emission interval Period/Rate >= 1µs), got %v", ratelimit.ErrInvalidLimit, limit)
+		}
+		a.t = p / a.r
+		a.tau = a.b * a.t
+	}
+	return a, nil
+}
+
+func (l *algo) newState(now int64) state {
+	var st state
 	switch l.alg {
 	case ratelimit.FixedWindow, ratelimit.SlidingWindow:
 		st.a = now - now%l.p
@@ -39,40 +78,63 @@ func us(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 // ceilDiv returns ceil(a/b) for a >= 0, b > 0.
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
+// decision returns the Decision of l with what its algorithm fills left
+// zero: its Limit and Algorithm.
+func (l *algo) decision() ratelimit.Decision {
+	return ratelimit.Decision{Limit: l.limit, Algorithm: l.alg}
+}
+
+// limitState returns d, a decision of one limit, as a LimitState.
+func limitState(d *ratelimit.Decision) ratelimit.LimitState {
+	return ratelimit.LimitState{Limit: d.Limit, Algorithm: d.Algorithm, Allowed: d.Allowed, Remaining: d.Remaining,
+		RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
+}
+
 // decide takes the decision for n events at now on st into d, which the
-// caller passes zeroed. It runs under the lock of the key's shard.
-func (l *Limiter) decide(d *ratelimit.Decision, st *state, now, n int64) {
+// caller passes with only Limit and Algorithm set (decision): whether they
+// fit (Allowed) and, when commit is true and they do, consumes them. Without commit it leaves
+// st as it was, up to bringing it to now (rolling windows, dropping old log
+// entries, refilling the bucket), which changes no later decision. It runs
+// under the lock of the key's shard.
+func (l *algo) decide(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	switch l.alg {
 	case ratelimit.FixedWindow:
-		l.fixedWindow(d, st, now, n)
+		l.fixedWindow(d, st, now, n, commit)
 	case ratelimit.SlidingWindow:
-		l.slidingWindow(d, st, now, n)
+		l.slidingWindow(d, st, now, n, commit)
 	case ratelimit.SlidingLog:
-		l.slidingLog(d, st, now, n)
+		l.slidingLog(d, st, now, n, commit)
 	case ratelimit.TokenBucket:
-		l.tokenBucket(d, st, now, n)
+		l.tokenBucket(d, st, now, n, commit)
 	default:
-		l.gcra(d, st, now, n)
+		l.gcra(d, st, now, n, commit)
 	}
 }
 
 // windowStart returns now - now mod P, skipping the division when now is in
 // the window that starts at last.
-func (l *Limiter) windowStart(now, last int64) int64 {
+func (l *algo) windowStart(now, last int64) int64 {
 	if now >= last && now-last < l.p {
 		return last
 	}
 	return now - now%l.p
 }
 
-func (l *Limiter) fixedWindow(d *ratelimit.Decision, st *state, now, n int64) {
+// rollFixed brings a FixedWindow state to the window of now and returns its
+// start.
+func (l *algo) rollFixed(st *state, now int64) int64 {
 	ws := l.windowStart(now, st.a)
 	if ws != st.a {
 		st.a, st.b = ws, 0
 	}
-	if st.b+n <= l.r {
+	return ws
+}
+
+func (l *algo) fixedWindow(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
+	ws := l.rollFixed(st, now)
+	d.Allowed = st.b+n <= l.r
+	if d.Allowed && commit {
 		st.b += n
-		d.Allowed = true
 	}
 	d.Remaining = int(max(l.r-st.b, 0))
 	d.ResetAfter = us(ws + l.p - now)
@@ -83,13 +145,14 @@ func (l *Limiter) fixedWindow(d *ratelimit.Decision, st *state, now, n int64) {
 
 // first returns the smallest e in [0, P] with floor(c*(P-e)/P) <= room, for
 // c > 0 and room >= 0.
-func (l *Limiter) first(c, room int64) int64 {
+func (l *algo) first(c, room int64) int64 {
 	return max(0, l.p-ceilDiv((room+1)*l.p, c)+1)
 }
 
-func (l *Limiter) slidingWindow(d *ratelimit.Decision, st *state, now, n int64) {
+// rollSliding brings a SlidingWindow state to the window of now and returns
+// the time elapsed in it.
+func (l *algo) rollSliding(st *state, now int64) int64 {
 	ws := l.windowStart(now, st.a)
-	e := now - ws
 	switch {
 	case ws == st.a:
 	case ws == st.a+l.p:
@@ -97,14 +160,24 @@ func (l *Limiter) slidingWindow(d *ratelimit.Decision, st *state, now, n int64) 
 	default: // more than a window idle (or the clock went back): nothing counts
 		st.a, st.c, st.b = ws, 0, 0
 	}
+	return now - ws
+}
+
+func (l *algo) slidingWindow(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
+	e := l.rollSliding(st, now)
 	est := st.b
-	if st.c > 0 {
-		est += st.c * (l.p - e) / l.p
+	if w := l.p - e; st.c > (maxExact-1)/w {
+		// An overdraft's count weighs at least MaxExact: far above Rate,
+		// whose product with P is at most MaxExact. Saturate, as global
+		// must (its doubles would round the product).
+		est = maxExact
+	} else if st.c > 0 {
+		est += st.c * w / l.p
 	}
-	if est+n <= l.r {
+	d.Allowed = est+n <= l.r
+	if d.Allowed && commit {
 		st.b += n
 		est += n
-		d.Allowed = true
 	}
 	d.Remaining = int(max(l.r-est, 0))
 	d.ResetAfter = us(l.p - e)
@@ -120,7 +193,7 @@ func (l *Limiter) slidingWindow(d *ratelimit.Decision, st *state, now, n int64) 
 // at returns the i-th oldest logged time (0-based).
 func (st *state) at(i int) int64 { return st.log[(st.head+i)%len(st.log)] }
 
-func (l *Limiter) slidingLog(d *ratelimit.Decision, st *state, now, n int64) {
+func (l *algo) slidingLog(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	for st.n > 0 && st.log[st.head] <= now-l.p {
 		st.head++
 		if st.head == len(st.log) {
@@ -128,9 +201,9 @@ func (l *Limiter) slidingLog(d *ratelimit.Decision, st *state, now, n int64) {
 		}
 		st.n--
 	}
-	if int64(st.n)+n <= l.r {
+	d.Allowed = int64(st.n)+n <= l.r
+	if d.Allowed && commit {
 		st.push(now, int(n), int(l.r))
-		d.Allowed = true
 	}
 	d.Remaining = int(max(l.r-int64(st.n), 0))
 	if st.n > 0 {
@@ -164,40 +237,53 @@ func (st *state) push(t int64, k, limit int) {
 	}
 }
 
-func (l *Limiter) tokenBucket(d *ratelimit.Decision, st *state, now, n int64) {
-	u, ts := st.a, st.b
-	if dt := now - ts; dt > 0 {
-		// u = min(C, u + dt*R), without overflow: at dt >= fullAfter,
-		// dt*R >= C; below it dt*R < C + R.
-		if dt >= l.fullAfter {
-			u = l.c
-		} else {
-			u = min(l.c, u+dt*l.r)
-		}
-		ts = now
+// refill brings a TokenBucket state to now: u = min(C, u + dt*R), without
+// overflow.
+func (l *algo) refill(st *state, now int64) {
+	dt := now - st.b
+	if dt <= 0 {
+		return
 	}
+	// At dt >= fullAfter, dt*R >= C >= C - u for u >= 0; below it, dt*R <
+	// C + R. An overdraft (u < 0) needs longer.
+	switch {
+	case dt < l.fullAfter:
+		st.a = min(l.c, st.a+dt*l.r)
+	case st.a >= 0 || dt >= ceilDiv(l.c-st.a, l.r):
+		st.a = l.c
+	default:
+		st.a += dt * l.r
+	}
+	st.b = now
+}
+
+func (l *algo) tokenBucket(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
+	l.refill(st, now)
+	u := st.a
 	need := n * l.p
-	if u >= need {
+	d.Allowed = u >= need
+	if d.Allowed && commit {
 		u -= need
-		st.a, st.b = u, ts
-		d.Allowed = true
-	} else {
+		st.a = u
+	}
+	if !d.Allowed {
 		d.RetryAfter = us(ceilDiv(need-u, l.r))
 	}
-	d.Remaining = int(u / l.p)
+	d.Remaining = int(max(u, 0) / l.p)
 	d.ResetAfter = us(ceilDiv(l.c-u, l.r))
 }
 
-func (l *Limiter) gcra(d *ratelimit.Decision, st *state, now, n int64) {
+func (l *algo) gcra(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
 	tat := max(st.a, now)
 	ntat := tat + n*l.t
-	if ntat-now <= l.tau {
+	d.Allowed = ntat-now <= l.tau
+	if d.Allowed && commit {
 		tat = ntat
-		st.a = tat
-		d.Allowed = true
-	} else {
+	}
+	st.a = tat
+	if !d.Allowed {
 		d.RetryAfter = us(ntat - l.tau - now)
 	}
-	d.Remaining = int(max((l.tau-(tat-now))/l.t, 0))
+	d.Remaining = int(max(l.tau-(tat-now), 0) / l.t)
 	d.ResetAfter = us(tat - now)
 }

@@ -15,6 +15,14 @@
 //	if err != nil { ... }          // invalid key or n; never a runtime failure
 //	if !d.Allowed { retry after d.RetryAfter }
 //
+// Multi enforces several limits on each key at once (per second, per
+// minute, per day...), each with its own Algorithm, all or nothing: a
+// request one limit denies is counted by none (NewMulti, WithAlgorithms).
+// Limiter and Multi also reserve quota for work whose cost is known only
+// after it (Reserve, then Reservation.Settle with the actual cost: the
+// difference goes back, or is charged as an overdraft). Multi decides and
+// settles exactly as package global's Multi does.
+//
 // Memory is bounded: a Limiter keeps at most WithMaxKeys keys (default
 // DefaultMaxKeys) and, beyond that, forgets keys left unused the longest
 // (approximately: see Limiter). A forgotten key starts afresh on its next

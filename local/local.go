@@ -3,7 +3,6 @@ package local
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -30,22 +29,61 @@ type optionFunc func(*config) error
 func (f optionFunc) apply(c *config) error { return f(c) }
 
 type config struct {
-	algorithm ratelimit.Algorithm
-	maxKeys   int
-	clock     func() time.Time
+	algorithm  ratelimit.Algorithm
+	algorithms []ratelimit.Algorithm // WithAlgorithms; nil: algorithm for every limit
+	maxKeys    int
+	clock      func() time.Time
 }
 
-// WithAlgorithm selects how the Limiter counts. The default is
-// DefaultAlgorithm (FixedWindow). New rejects an unknown Algorithm with an
-// error wrapping ratelimit.ErrInvalidAlgorithm.
+// WithAlgorithm selects how the Limiter counts (for NewMulti: every limit).
+// The default is DefaultAlgorithm (FixedWindow). New rejects an unknown
+// Algorithm with an error wrapping ratelimit.ErrInvalidAlgorithm.
 func WithAlgorithm(a ratelimit.Algorithm) Option {
 	return optionFunc(func(c *config) error {
 		if !a.Valid() {
 			return fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, a)
 		}
-		c.algorithm = a
+		c.algorithm, c.algorithms = a, nil
 		return nil
 	})
+}
+
+// WithAlgorithms selects the Algorithm of each limit of NewMulti, in the
+// order of its limits: one per limit, or NewMulti returns an error wrapping
+// ratelimit.ErrInvalidOption (New takes exactly one). It and WithAlgorithm
+// override each other, the later winning.
+func WithAlgorithms(algs ...ratelimit.Algorithm) Option {
+	algs = append(make([]ratelimit.Algorithm, 0, len(algs)), algs...) // never nil: none is an error
+	return optionFunc(func(c *config) error {
+		c.algorithms = algs
+		return nil
+	})
+}
+
+// newConfig applies opts over the defaults, ignoring a nil Option.
+func newConfig(opts []Option) (config, error) {
+	cfg := config{algorithm: DefaultAlgorithm}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o.apply(&cfg); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// algorithmsFor returns the algorithm of each of k limits.
+func (c *config) algorithmsFor(k int) []ratelimit.Algorithm {
+	if c.algorithms != nil {
+		return c.algorithms
+	}
+	algs := make([]ratelimit.Algorithm, k)
+	for i := range algs {
+		algs[i] = c.algorithm
+	}
+	return algs
 }
 
 // WithMaxKeys bounds the number of keys whose state the Limiter keeps; when
@@ -110,17 +148,10 @@ func WithClock(now func() time.Time) Option {
 // A Limiter must be made with New; the zero Limiter is not usable. A Limiter
 // is safe for concurrent use by multiple goroutines.
 type Limiter struct {
-	limit ratelimit.Limit
-	alg   ratelimit.Algorithm
+	algo
 	clock func() time.Time // nil: mono
 	mono  *monoClock
 	table *Table[*state]
-
-	maxN      int   // the largest valid n: Rate (windows) or Capacity (buckets)
-	p, r, b   int64 // Period in µs, Rate, Capacity
-	c         int64 // TokenBucket capacity in units: b * p
-	fullAfter int64 // TokenBucket: ceil(c / r), the refill time of an empty bucket
-	t, tau    int64 // GCRA emission interval and tolerance, µs
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -132,40 +163,26 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // unknown Algorithm, and ratelimit.ErrInvalidOption for an option out of
 // range.
 func New(limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
-	cfg := config{algorithm: DefaultAlgorithm}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&cfg); err != nil {
-			return nil, err
-		}
-	}
-	if err := limit.Validate(); err != nil {
+	cfg, err := newConfig(opts)
+	if err != nil {
 		return nil, err
 	}
-	p := int64(limit.Period / time.Microsecond)
-	l := &Limiter{
-		limit: limit,
-		alg:   cfg.algorithm,
-		clock: cfg.clock,
-		table: NewTable[*state](cfg.maxKeys, nil),
-		p:     p,
-		r:     int64(limit.Rate),
-		b:     int64(limit.Capacity(cfg.algorithm)),
-		maxN:  limit.Capacity(cfg.algorithm),
+	alg := cfg.algorithm
+	if cfg.algorithms != nil {
+		if len(cfg.algorithms) != 1 {
+			return nil, fmt.Errorf("%w: %d algorithms for one limit", ratelimit.ErrInvalidOption, len(cfg.algorithms))
+		}
+		if alg = cfg.algorithms[0]; !alg.Valid() {
+			return nil, fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, alg)
+		}
 	}
-	l.c = l.b * p
-	l.fullAfter = ceilDiv(l.c, l.r)
+	a, err := newAlgo(limit, alg)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{algo: a, clock: cfg.clock, table: NewTable[*state](cfg.maxKeys, nil)}
 	if l.clock == nil {
 		l.mono = newMonoClock()
-	}
-	if l.alg == ratelimit.GCRA {
-		if p < l.r {
-			return nil, fmt.Errorf("%w: GCRA needs Period >= Rate microseconds (emission interval Period/Rate >= 1µs), got %v", ratelimit.ErrInvalidLimit, limit)
-		}
-		l.t = p / l.r
-		l.tau = l.b * l.t
 	}
 	return l, nil
 }
@@ -223,26 +240,48 @@ func (l *Limiter) allow(key string, n int64) ratelimit.Decision {
 
 	s := l.table.shard(key)
 	s.mu.Lock()
-	// Lazy promotion: an entry moved to the front fewer than gap (3/4 of the
-	// shard's capacity) insertions or moves ago is still within the front
-	// three quarters of its shard, so it is looked up without moving it.
-	// This spares the writes and cache misses of relinking neighbours on most
-	// decisions, and still evicts only keys left unused while at least a
-	// quarter of the shard's capacity of other keys were inserted or moved.
-	st, ok := s.lru.Peek(key)
+	st, ok := s.lru.Peek(key) // l.entry, inlined: this is the hot path
 	if !ok {
-		st = l.newState(now)
-		s.lru.Add(strings.Clone(key), st)
-		s.takeEvicted() // the Limiter has no eviction callback: drop the evicted state
-		s.tick++
-		st.promoted = s.tick
-	} else if s.tick-st.promoted >= s.gap {
-		s.lru.Get(key) // move to the front
-		s.tick++
-		st.promoted = s.tick
+		st = new(state)
+		*st = l.newState(now)
+		st.promoted = s.insert(key, st)
+	} else if s.stale(st.promoted) {
+		st.promoted = s.moveToFront(key)
 	}
-	d := ratelimit.Decision{Limit: l.limit, Algorithm: l.alg}
-	l.decide(&d, st, now, n)
+	d := l.decision()
+	l.decide(&d, st, now, n, true)
 	s.mu.Unlock()
 	return d
+}
+
+// now returns the time in µs since the Unix epoch.
+func (l *Limiter) now() int64 {
+	if l.clock != nil {
+		return l.clock().UnixMicro()
+	}
+	return l.mono.nowMicro()
+}
+
+// entry returns the state of key (in the form the table keeps it) in s,
+// whose lock the caller holds, making it when key is new.
+func (l *Limiter) entry(s *tableShard[*state], key string, now int64) *state {
+	st, ok := s.lru.Peek(key)
+	if !ok {
+		st = new(state)
+		*st = l.newState(now)
+		st.promoted = s.insert(key, st)
+	} else if s.stale(st.promoted) {
+		st.promoted = s.moveToFront(key)
+	}
+	return st
+}
+
+// tableKey returns the form key is kept in a table: key itself, or its
+// digest (see Limiter's memory) in buf.
+func tableKey(key string, buf *[memkey.DigestLen]byte) string {
+	if !memkey.Hashed(key) {
+		return key
+	}
+	memkey.Digest(buf, key)
+	return unsafe.String(&buf[0], len(buf))
 }

@@ -108,6 +108,36 @@ func (s *tableShard[V]) takeEvicted() (key string, v V, ok bool) {
 	return
 }
 
+// insert adds key (a copy of it) with v to s, whose lock the caller holds,
+// drops what that evicts (the Limiters have no eviction callback) and
+// returns the tick to record as the entry's promotion.
+func (s *tableShard[V]) insert(key string, v V) uint64 {
+	s.lru.Add(strings.Clone(key), v)
+	s.takeEvicted()
+	s.tick++
+	return s.tick
+}
+
+// The Limiters promote an entry lazily: an entry moved to the front fewer
+// than gap (3/4 of the shard's capacity) insertions or moves ago is still
+// within the front three quarters of its shard, so it is left in place
+// (stale reports when it is not). This spares the writes and cache misses
+// of relinking neighbours on most decisions, and still evicts only keys
+// left unused while at least a quarter of the shard's capacity of other
+// keys were inserted or moved.
+
+// stale reports whether an entry last moved to the front at tick promoted
+// is due to move again. The caller holds s's lock.
+func (s *tableShard[V]) stale(promoted uint64) bool { return s.tick-promoted >= s.gap }
+
+// moveToFront moves key to the front of s, whose lock the caller holds, and
+// returns the tick to record as its promotion.
+func (s *tableShard[V]) moveToFront(key string) uint64 {
+	s.lru.Get(key)
+	s.tick++
+	return s.tick
+}
+
 // Get returns the value stored for key and whether it was present, and marks
 // key as the most recently used of its shard.
 func (t *Table[V]) Get(key string) (V, bool) {
