@@ -138,16 +138,13 @@ func (m *Multi) AllowN(ctx context.Context, key string, n int) (ratelimit.Decisi
 	return m.AllowNInto(ctx, key, n, nil)
 }
 
-// AllowNInto is AllowN that writes the state of each limit into states
-// when cap(states) >= len(Limits()), and into a new slice otherwise; the
-// Decision's Limits is that slice.
-func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states []ratelimit.LimitState) (ratelimit.Decision, error) {
-	if cap(states) >= len(m.lims) {
-		states = states[:len(m.lims)]
-	} else {
-		states = make([]ratelimit.LimitState, len(m.lims))
-	}
-	if _, err := m.decide(ctx, key, n, states); err != nil {
+// AllowNInto is AllowN that writes the state of each limit into *states,
+// reusing its array when its capacity holds them all (see
+// ratelimit.MultiLimiter); the Decision's Limits is *states. A nil states
+// is AllowN.
+func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
+	states = check.States(states, len(m.lims))
+	if _, err := m.decide(ctx, key, n, *states); err != nil {
 		return ratelimit.Decision{}, err
 	}
 	return ratelimit.Combine(states), nil
@@ -163,7 +160,7 @@ func (m *Multi) Reserve(ctx context.Context, key string, estimate int) (*ratelim
 	if err != nil {
 		return nil, err
 	}
-	d := ratelimit.Combine(states)
+	d := ratelimit.Combine(&states)
 	if !d.Allowed {
 		return ratelimit.NewReservation(d, estimate, nil), nil
 	}

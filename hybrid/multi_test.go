@@ -58,7 +58,7 @@ func windowCount(t *testing.T, c redis.UniversalClient, prefix, key string, a ra
 type multiTally []*tally
 
 func (mt multiTally) add(d ratelimit.Decision, n int) {
-	for i, s := range d.Limits {
+	for i, s := range d.Limits() {
 		mt[i].add("k", ratelimit.Decision{ResetAfter: s.ResetAfter}, n)
 	}
 }
@@ -105,13 +105,13 @@ func testMultiFleet(t *testing.T, newClient func() redis.UniversalClient) {
 				defer wg.Done()
 				states := make([]ratelimit.LimitState, 0, 3)
 				for time.Now().Before(stop) {
-					d, err := m.AllowNInto(context.Background(), "k", 1, states)
+					d, err := m.AllowNInto(context.Background(), "k", 1, &states)
 					if err != nil {
 						t.Errorf("AllowN: %v", err)
 						return
 					}
-					if len(d.Limits) != 3 || &d.Limits[0] != &states[:1][0] {
-						t.Errorf("Limits %v not in the caller's buffer", d.Limits)
+					if len(d.Limits()) != 3 || &d.Limits()[0] != &states[0] {
+						t.Errorf("Limits %v not in the caller's buffer", d.Limits())
 						return
 					}
 					if d.Allowed {
@@ -123,7 +123,7 @@ func testMultiFleet(t *testing.T, newClient func() redis.UniversalClient) {
 					if d.RetryAfter <= 0 {
 						t.Errorf("denied without RetryAfter: %+v", d)
 					}
-					for i, s := range d.Limits {
+					for i, s := range d.Limits() {
 						if !s.Allowed {
 							deniedBy[i].Add(1)
 						}
@@ -220,12 +220,12 @@ func TestMultiDecision(t *testing.T) {
 	d, err := m.Allow(context.Background(), "k")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	require.Len(t, d.Limits, 2)
+	require.Len(t, d.Limits(), 2)
 	require.Equal(t, hour, d.Limit, "the tightest: least Remaining")
 	require.Equal(t, 2, d.Remaining)
-	require.Equal(t, 9, d.Limits[0].Remaining)
-	require.Equal(t, 2, d.Limits[1].Remaining)
-	for _, s := range d.Limits {
+	require.Equal(t, 9, d.Limits()[0].Remaining)
+	require.Equal(t, 2, d.Limits()[1].Remaining)
+	for _, s := range d.Limits() {
 		require.True(t, s.Allowed)
 		require.Equal(t, ratelimit.FixedWindow, s.Algorithm)
 	}
@@ -235,9 +235,9 @@ func TestMultiDecision(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.Allowed)
 	require.Equal(t, hour, d.Limit)
-	require.True(t, d.Limits[0].Allowed, "the day alone would admit it")
-	require.Equal(t, 7, d.Limits[0].Remaining, "and kept its count")
-	require.False(t, d.Limits[1].Allowed)
+	require.True(t, d.Limits()[0].Allowed, "the day alone would admit it")
+	require.Equal(t, 7, d.Limits()[0].Remaining, "and kept its count")
+	require.False(t, d.Limits()[1].Allowed)
 	require.Positive(t, d.RetryAfter)
 	require.LessOrEqual(t, d.RetryAfter, time.Hour)
 }

@@ -248,7 +248,7 @@ func TestMultiReserve(t *testing.T) {
 	r, err := m.Reserve(ctx, "k", 10)
 	require.NoError(t, err)
 	require.True(t, r.OK())
-	require.Len(t, r.Decision().Limits, 2)
+	require.Len(t, r.Decision().Limits(), 2)
 	require.NoError(t, r.Settle(ctx, 30))
 	r, err = m.Reserve(ctx, "k", 10)
 	require.NoError(t, err)
