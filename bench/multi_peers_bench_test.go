@@ -11,6 +11,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 	"github.com/hybridlimit/ratelimit/local"
 )
@@ -119,7 +120,8 @@ func BenchmarkMultiMemory(b *testing.B) {
 // BenchmarkMultiRedis: three limits per key on a local redis-server, all or
 // nothing in one script call with global.Multi, against three
 // global.Limiters and three go-redis/redis_rate (GCRA) limits per key, one
-// round trip each.
+// round trip each; and hybrid.Multi (leases of each limit, decided in
+// memory) against three hybrid.Limiters.
 func BenchmarkMultiRedis(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c := srv.Client()
@@ -134,6 +136,18 @@ func BenchmarkMultiRedis(b *testing.B) {
 		if three[i], err = global.New(c, l, global.WithAlgorithm(multiAlgs[i]), global.WithPrefix("b3"+strconv.Itoa(i)+run)); err != nil {
 			b.Fatal(err)
 		}
+	}
+	hm, err := hybrid.NewMulti(c, multiLimits, hybrid.WithAlgorithms(multiAlgs...), hybrid.WithPrefix("hm"+run), hybrid.WithInstances(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer hm.Close()
+	var hthree [3]*hybrid.Limiter
+	for i, l := range multiLimits {
+		if hthree[i], err = hybrid.New(c, l, hybrid.WithAlgorithm(multiAlgs[i]), hybrid.WithPrefix("h3"+strconv.Itoa(i)+run), hybrid.WithInstances(1)); err != nil {
+			b.Fatal(err)
+		}
+		defer hthree[i].Close()
 	}
 	rr := redis_rate.NewLimiter(c)
 	rrLimits := [3]redis_rate.Limit{
@@ -151,6 +165,20 @@ func BenchmarkMultiRedis(b *testing.B) {
 		}},
 		{"global-3-Limiters", func(ctx context.Context, key string) bool {
 			for _, l := range three {
+				if d, err := l.Allow(ctx, key); err != nil || !d.Allowed {
+					return false
+				}
+			}
+			return true
+		}},
+		{"hybrid-Multi", func(ctx context.Context, key string) bool {
+			var arr [3]ratelimit.LimitState
+			buf := arr[:0]
+			d, err := hm.AllowNInto(ctx, key, 1, &buf)
+			return err == nil && d.Allowed
+		}},
+		{"hybrid-3-Limiters", func(ctx context.Context, key string) bool {
+			for _, l := range hthree {
 				if d, err := l.Allow(ctx, key); err != nil || !d.Allowed {
 					return false
 				}
