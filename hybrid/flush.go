@@ -218,7 +218,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 			// about to run dry
 			a.Want = max(h.need(c, mono, end)-cur.avail.Load(), h.floor())
 		}
-		if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
+		if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead && leaseAhead(c) {
 			a.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
 			a.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
 		}
@@ -232,6 +232,15 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		ops = h.launch(ops, c, k)
 	}
 	return ops
+}
+
+// leaseAhead reports whether c is worth leasing the next window for: it
+// was asked at least twice in this window, or in this window and the
+// last. A key an instance sees about once a window or less (many keys over
+// many instances) would give a lease ahead back unused: a lease call and a
+// refund call for nothing. Caller holds c.mu.
+func leaseAhead(c *counter) bool {
+	return c.asked >= 2 || (c.asked > 0 && c.prevAsked > 0)
 }
 
 // owedCredit turns the credit of c's current lease into a debt. Caller
@@ -280,7 +289,7 @@ func (h *Limiter) scheduleLocked(c *counter, mono, end, lastUse, gap int64) {
 	if cur := c.cur.Load(); cur != nil && h.bucket {
 		at = min(at, lastUse+gap) // its tokens go back if it stays quiet
 	} else if cur != nil {
-		if c.next == nil && (c.asked > 0 || c.prevAsked > 0) {
+		if c.next == nil && leaseAhead(c) {
 			at = min(at, end-c.lead)
 		}
 		if cur.pre {

@@ -607,7 +607,7 @@ func (h *Limiter) leaseWait(ctx context.Context, c *counter, n int64, timeout <-
 				h.attachDebts(c, &args, mono)
 				_, end := h.windowOf(c, mono)
 				args.Want, args.Min = max(n, h.need(c, mono, end), h.floor()), max(1, n-have)
-				if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead {
+				if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead && leaseAhead(c) {
 					// near the window's end: the next window's quota in the same call
 					args.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
 					args.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
