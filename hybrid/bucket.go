@@ -40,7 +40,7 @@ func isBucket(a ratelimit.Algorithm) bool {
 func (h *Limiter) newBucketCall(c *counter) call {
 	return call{bucket: true, bkt: script.BucketArgs{
 		Base: h.baseOf(c), Algorithm: h.cfg.algorithm, Limit: h.limit,
-		Nonce: script.NewNonce(mrand.Uint64()), Tag: h.tag, Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
+		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
 	}}
 }
 

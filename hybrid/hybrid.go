@@ -37,7 +37,6 @@ type Limiter struct {
 	bucket    bool  // TokenBucket or GCRA: leases tokens, not a window's quota
 	cfg       config
 	kind      string // Redis counter kind
-	tag       string // this instance's record tag in Redis (script.RecordTag)
 	periodNS  int64
 	periodUS  int64
 	useGrain  int64     // resolution of counter.lastUse, ns
@@ -132,7 +131,6 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 		bucket:   isBucket(cfg.algorithm),
 		cfg:      cfg,
 		kind:     script.Kind(cfg.algorithm, limit),
-		tag:      script.RecordTag(cfg.instanceID),
 		periodNS: int64(limit.Period),
 		periodUS: int64(limit.Period / time.Microsecond),
 		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),
@@ -692,7 +690,7 @@ func (h *Limiter) drain() {
 func (h *Limiter) newCall(c *counter) script.LeaseArgs {
 	return script.LeaseArgs{
 		Base: h.baseOf(c), Kind: h.kind, Limit: h.limit,
-		Nonce: script.NewNonce(mrand.Uint64()), Tag: h.tag, Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
+		Nonce: script.NewNonce(mrand.Uint64()), Seq: h.seq.Add(1), Instances: h.instances(), Min: 1,
 	}
 }
 

@@ -12,8 +12,7 @@
 --          tau = B * T, unused
 -- ARGV[6]  now in microseconds, or -1 to read TIME
 -- ARGV[7]  the call's nonce ("" keeps no record; gcra keeps none: its
---          state is global's string), after the caller's record tag and
---          ':' when it has one (its record goes in field 'r' .. tag)
+--          state is global's string)
 -- ARGV[8]  1 when the call is sent again after its reply was lost
 -- ARGV[9]  instances sharing the bucket (caps a grant at a share of it)
 -- ARGV[10] want: tokens wanted (0: none)   ARGV[11] min: the least worth having
@@ -29,9 +28,6 @@ local base, algo, kind = KEYS[1], ARGV[1], ARGV[2]
 local a3, a4, a5 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock(ARGV[6])
 local nonce, resent = ARGV[7], ARGV[8] == '1'
-local rfield = 'r' -- the record's field: 'r' .. the caller's tag (see lease.lua)
-local cut = string.find(nonce, ':', 1, true)
-if cut then rfield, nonce = 'r' .. string.sub(nonce, 1, cut - 1), string.sub(nonce, cut + 1) end
 local n = tonumber(ARGV[9])
 if n < 1 then n = 1 end
 local want, minimum = tonumber(ARGV[10]), tonumber(ARGV[11])
@@ -44,7 +40,7 @@ local key = base .. kind
 local level, take, write, retry_for, full
 if algo == 'tb' then
   local R, P, C = a3, a4, a5
-  local st = redis.call('HMGET', key, 'u', 'ts', rfield)
+  local st = redis.call('HMGET', key, 'u', 'ts', 'r')
   local u, ts = tonumber(st[1] or ''), tonumber(st[2] or '')
   if u == nil or ts == nil then u, ts = C, now end
   if resent and nonce ~= '' and st[3] then
@@ -68,7 +64,7 @@ if algo == 'tb' then
   full = function() return cdiv(C - u, R) end
   write = function(rec)
     if rec then
-      redis.call('HSET', key, 'u', u, 'ts', ts, rfield, rec)
+      redis.call('HSET', key, 'u', u, 'ts', ts, 'r', rec)
     else
       redis.call('HSET', key, 'u', u, 'ts', ts)
     end

@@ -10,8 +10,7 @@
 -- ARGV[2]  P, the period in microseconds      ARGV[3]  R, the rate
 -- ARGV[4]  now in microseconds, or -1 to read TIME
 -- ARGV[5]  the call's nonce, a few random characters without digits or
---          ':' ("" keeps no record), after the caller's record tag and ':'
---          when it has one (its records go in field 'r' .. tag)
+--          ':' ("" keeps no record)
 -- ARGV[6]  1 when the call is sent again after its reply was lost
 -- ARGV[7]  instances sharing the quota (caps a grant at remainder / instances)
 -- ARGV[8]  want: units wanted from the current window (0: none)
@@ -35,23 +34,18 @@
 -- wrote the record since): only its credit is applied (counting it twice is
 -- the safe side), never its refunds or grants.
 --
--- Replay protection keeps one record per caller's tag (one per instance)
--- and window counter: field 'r' .. tag of a window's hash holds the last
--- call of that tag applied that wrote it: its nonce and grants, in base
--- 36, as nonce .. grant (.. ':' .. grant_next when not 0), stored in the
--- call's current window; or, for a call that only leased from the next
--- window, nonce .. ':' .. grant_next in the next window's counter. So a
--- resent call finds its record however many other instances called since;
--- a counter holds one record per instance that leased from it in its
--- window (a key leased by one instance costs one), each within 11
--- characters for grants below 36^3.
+-- Replay protection keeps one record per window counter, not one per
+-- caller: field r of a window's hash holds the last call applied that wrote
+-- it: its nonce and grants, in base 36, as nonce .. grant (.. ':' ..
+-- grant_next when not 0), stored in the call's current window; or, for a
+-- call that only leased from the next window, nonce .. ':' .. grant_next
+-- in the next window's counter. Its size does not grow with the fleet,
+-- and it stays within 11 characters for grants below 36^3, which keeps a
+-- key's hash in the smallest allocation a small hash gets.
 local base, kind = KEYS[1], ARGV[1]
 local P, R = tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = clock(ARGV[4])
 local nonce, resent = ARGV[5], ARGV[6] == '1'
-local rfield = 'r' -- the record's field: 'r' .. the caller's tag
-local cut = string.find(nonce, ':', 1, true)
-if cut then rfield, nonce = 'r' .. string.sub(nonce, 1, cut - 1), string.sub(nonce, cut + 1) end
 local n = tonumber(ARGV[7])
 if n < 1 then n = 1 end
 local want, minimum = tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -142,7 +136,7 @@ if resent and nonce ~= '' then
   for i = idx + 1, idx - 2, -1 do
     local x = get(i)
     local r = nil
-    if x.t == 'hash' then r = redis.call('HGET', x.k, rfield) end
+    if x.t == 'hash' then r = redis.call('HGET', x.k, 'r') end
     local g, colon, gn
     if r and string.sub(r, 1, #nonce) == nonce then
       g, colon, gn = string.match(string.sub(r, #nonce + 1), '^(%w*)(:?)(%w*)$')
@@ -215,10 +209,11 @@ if not resent then
     end
   end
   if nonce ~= '' and (adjusted or grant > 0 or grant_next > 0) then
-    -- A call that changed nothing needs no record (resent, it is unknown,
-    -- and there is nothing to apply twice). The record goes in a counter
-    -- the call writes anyway when it can: the next window's, for a call
-    -- that only leases from it.
+    -- A call that changed nothing writes no record: resent, it is unknown,
+    -- with nothing to apply twice, and the record of a call that did change
+    -- something stays for its own resend. The record goes in a counter the
+    -- call writes anyway when it can: the next window's, for a call that
+    -- only leases from it.
     local w, rec = idx, nonce .. b36(grant)
     if grant_next > 0 then rec = rec .. ':' .. b36(grant_next) end
     if want == 0 and grant_next > 0 and not (ctr[0] and ctr[0].dirty) then
@@ -239,7 +234,7 @@ for _, x in pairs(ctr) do
       redis.call('DEL', x.k)
     end
     if x.r then
-      redis.call('HSET', x.k, 'c', x.c, rfield, x.r)
+      redis.call('HSET', x.k, 'c', x.c, 'r', x.r)
     else
       redis.call('HSET', x.k, 'c', x.c)
     end

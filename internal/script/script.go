@@ -5,9 +5,7 @@
 package script
 
 import (
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"reflect"
@@ -64,11 +62,7 @@ type LeaseArgs struct {
 
 	// Nonce identifies the call in Redis' replay record: a few random
 	// characters, no digit and no ':' (see NewNonce); "" keeps no record.
-	// Tag is the caller's record tag (see RecordTag): calls of different
-	// tags keep their records apart, so a resent call finds its own
-	// however many others called since. "" shares one record.
 	Nonce  string
-	Tag    string
 	Seq    int64 // the caller's own sequence number of the call (not sent)
 	Resent bool  // sent again after its reply was lost
 
@@ -96,7 +90,7 @@ func (a *LeaseArgs) Args() []any {
 	}
 	out := make([]any, 0, 11+3*len(a.Adjust))
 	out = append(out, a.Kind, int64(a.Limit.Period/time.Microsecond), a.Limit.Rate, now,
-		tagged(a.Tag, a.Nonce), resent, a.Instances, a.Want, a.Min, a.WantNext, a.Lead)
+		a.Nonce, resent, a.Instances, a.Want, a.Min, a.WantNext, a.Lead)
 	for _, j := range a.Adjust {
 		out = append(out, j.Idx, j.Refund, j.Use)
 	}
@@ -165,25 +159,6 @@ func ints(v any, n int) ([]int64, error) {
 // follows it (records know a nonce by its fixed length).
 const nonceAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
-// RecordTag returns the record tag of a caller (an instance) from its ID:
-// 3 characters of base64url (18 bits) from a hash of the ID, so that IDs
-// of any length and alphabet cost 4 bytes of field name per record. Two
-// IDs of one tag share a record, which only makes their resent calls'
-// outcome unknown more often (the safe side): among 8 instances, one pair
-// in 10,000 fleets.
-func RecordTag(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return base64.RawURLEncoding.EncodeToString(sum[:3])[:3]
-}
-
-// tagged is the nonce argument of a call: tag ':' nonce, or the nonce alone.
-func tagged(tag, nonce string) string {
-	if tag == "" || nonce == "" {
-		return nonce
-	}
-	return tag + ":" + nonce
-}
-
 // NonceLen is the length of a nonce: 6 letters, 34.2 bits. A call resent
 // after a lost reply is compared with the records of the (at most four)
 // counters it may have written, so a false match takes about one chance in
@@ -234,7 +209,6 @@ type BucketArgs struct {
 	Now       int64 // microseconds since the epoch; <= 0 reads Redis TIME
 
 	Nonce  string // see LeaseArgs.Nonce; GCRA keeps no record
-	Tag    string // see LeaseArgs.Tag
 	Seq    int64  // the caller's own sequence number of the call (not sent)
 	Resent bool
 
@@ -265,7 +239,7 @@ func (a *BucketArgs) Args() []any {
 	if a.Resent {
 		resent = 1
 	}
-	return []any{algo, Kind(a.Algorithm, a.Limit), x, y, z, now, tagged(a.Tag, a.Nonce), resent,
+	return []any{algo, Kind(a.Algorithm, a.Limit), x, y, z, now, a.Nonce, resent,
 		a.Instances, a.Want, a.Min, a.Refund, a.Use}
 }
 
