@@ -360,7 +360,7 @@ func (s *Service) statusOf(it *item) *pb.RateLimitResponse_DescriptorStatus {
 	r := it.rule()
 	st := &pb.RateLimitResponse_DescriptorStatus{
 		CurrentLimit:       it.limitPB(),
-		DurationUntilReset: durationpb.New(ceilSecond(it.dec.ResetAfter, it.dec.RetryAfter)),
+		DurationUntilReset: durationpb.New(resetOf(it.dec.ResetAfter, it.dec.RetryAfter, r.Unit.Duration())),
 	}
 	switch {
 	case it.dec.Allowed:
@@ -377,10 +377,14 @@ func (s *Service) statusOf(it *item) *pb.RateLimitResponse_DescriptorStatus {
 	return st
 }
 
-// ceilSecond is the time until reset in whole seconds, rounded up, as
-// envoyproxy/ratelimit reports it (never 0 for a counted limit).
-func ceilSecond(reset, retry time.Duration) time.Duration {
-	d := max(reset, retry)
+// resetOf is a status's duration_until_reset: the later of a decision's
+// reset and retry, in whole seconds rounded up, as envoyproxy/ratelimit
+// reports it (never 0 for a counted limit), and at most the limit's unit:
+// a window ends, and a bucket of requests_per_unit refills, within it (a
+// longer figure from a limiter is wrong, and must not overflow into a
+// short one).
+func resetOf(reset, retry, unit time.Duration) time.Duration {
+	d := min(max(reset, retry), unit)
 	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
 }
 

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -62,7 +63,16 @@ func TestSignaturePrefix(t *testing.T) {
 	if got := signatureOf(r).String(); got != "strict fixed_window 101/60s local" {
 		t.Fatalf("signature %q", got)
 	}
-	if ceilSecond(1500*time.Millisecond, 0) != 2*time.Second || ceilSecond(0, 0) != time.Second || ceilSecond(time.Minute, 0) != time.Minute {
-		t.Fatal("ceilSecond")
+	for _, c := range []struct{ reset, retry, unit, want time.Duration }{
+		{1500 * time.Millisecond, 0, time.Minute, 2 * time.Second},
+		{0, 0, time.Minute, time.Second},
+		{time.Minute, 0, time.Minute, time.Minute},
+		{time.Second, 30 * time.Second, time.Minute, 30 * time.Second},
+		{time.Duration(math.MaxInt64), 0, time.Minute, time.Minute}, // no overflow into a short reset
+		{2 * time.Hour, time.Hour, 24 * time.Hour, 2 * time.Hour},
+	} {
+		if got := resetOf(c.reset, c.retry, c.unit); got != c.want {
+			t.Errorf("resetOf(%v, %v, %v) = %v, want %v", c.reset, c.retry, c.unit, got, c.want)
+		}
 	}
 }
