@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -244,12 +245,12 @@ descriptors:
   - key: d
     rate_limit: {unit: day, requests_per_unit: 5, mode: strict, failure_mode: open}
 `
-	def := config.Defaults{Mode: config.Exact, Algorithm: ratelimit.TokenBucket, FailureMode: ratelimit.FailOpen}
+	def := config.Defaults{Mode: config.Exact, Algorithm: ratelimit.SlidingLog, FailureMode: ratelimit.FailOpen}
 	c, err := config.Parse(def, config.Source{Name: "x.yaml", Data: []byte(src)})
 	if err == nil {
-		t.Fatalf("rule d takes the default token_bucket with mode strict: want an error, got %d rules", len(c.Rules))
+		t.Fatalf("rule d takes the default sliding_log with mode strict: want an error, got %d rules", len(c.Rules))
 	}
-	if want := "x.yaml:11: mode: algorithm token_bucket needs mode exact"; !strings.Contains(err.Error(), want) {
+	if want := "x.yaml:11: mode: algorithm sliding_log needs mode exact"; !strings.Contains(err.Error(), want) {
 		t.Fatalf("error %q does not say %q", err, want)
 	}
 	def.Algorithm = ratelimit.SlidingWindow
@@ -275,8 +276,45 @@ descriptors:
 			t.Errorf("rule %s: got %+v, want %+v", r.Path, got, wants[i])
 		}
 	}
-	if _, err := config.Parse(config.Defaults{Algorithm: ratelimit.GCRA}, config.Source{Name: "y", Data: []byte(src)}); err == nil {
-		t.Error("default gcra with default mode strict: want an error")
+	if _, err := config.Parse(config.Defaults{Algorithm: ratelimit.SlidingLog}, config.Source{Name: "y", Data: []byte(src)}); err == nil {
+		t.Error("default sliding_log with default mode strict: want an error")
+	}
+}
+
+// The hybrid leases the buckets: token_bucket and gcra take every mode, by
+// name or as the default.
+func TestBucketsInEveryMode(t *testing.T) {
+	src := `
+domain: x
+descriptors:
+  - key: tb_strict
+    rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket}
+  - key: tb_optimistic
+    rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket, mode: optimistic}
+  - key: gcra_strict
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: gcra, mode: strict}
+  - key: gcra_optimistic
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: gcra, mode: optimistic}
+  - key: default
+    rate_limit: {unit: minute, requests_per_unit: 20}
+`
+	for _, def := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		c, err := config.Parse(config.Defaults{Algorithm: def}, config.Source{Name: "x.yaml", Data: []byte(src)})
+		if err != nil {
+			t.Fatalf("default %v: %v", def, err)
+		}
+		got := map[string]string{}
+		for _, r := range c.Rules {
+			got[r.Path] = r.Mode.String() + " " + config.AlgorithmName(r.Algorithm)
+		}
+		want := map[string]string{
+			"tb_strict": "strict token_bucket", "tb_optimistic": "optimistic token_bucket",
+			"gcra_strict": "strict gcra", "gcra_optimistic": "optimistic gcra",
+			"default": "strict " + config.AlgorithmName(def),
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("default %v: got %v, want %v", def, got, want)
+		}
 	}
 }
 
@@ -311,7 +349,8 @@ func TestErrors(t *testing.T) {
 		{"share without wildcard", "domain: x\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "f.yaml:5: share_threshold: only a wildcard value"},
 		{"bad mode", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, mode: fast}\n", `f.yaml:4: mode: unknown mode "fast"`},
 		{"bad algorithm", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n", `f.yaml:4: algorithm: unknown algorithm "leaky"`},
-		{"bucket needs exact", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}\n", "f.yaml:4: algorithm: algorithm token_bucket needs mode exact"},
+		{"log needs exact", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log}\n", "f.yaml:4: algorithm: algorithm sliding_log needs mode exact"},
+		{"gcra too fast, strict", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 		{"bad failure mode", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: maybe}\n", `f.yaml:4: failure_mode: unknown failure mode "maybe"`},
 		{"metadata not a map", "domain: x\ndescriptors:\n  - key: a\n    metadata: [1]\n", "f.yaml:4: metadata: want a mapping"},
 		{"two documents", "domain: x\n---\ndomain: y\n", "f.yaml:2: a second YAML document"},

@@ -19,9 +19,9 @@
 // shadow_mode, quota_mode, detailed_metric, value_to_metric,
 // share_threshold, metadata (accepted, not used) and nested descriptors.
 // The extensions live in the rate_limit block: algorithm (fixed_window, the
-// default, or sliding_window; exact mode also takes sliding_log, token_bucket
-// and gcra), mode (strict, optimistic or exact) and failure_mode (local, open
-// or closed). A rule that does not name them gets the Defaults given to
+// default, sliding_window, token_bucket or gcra; exact mode also takes
+// sliding_log), mode (strict, optimistic or exact) and failure_mode (local,
+// open or closed). A rule that does not name them gets the Defaults given to
 // Parse.
 //
 // Matching follows envoyproxy/ratelimit: at each level of a request's

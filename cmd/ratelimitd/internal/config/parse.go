@@ -72,7 +72,7 @@ func Parse(d Defaults, srcs ...Source) (*Config, error) {
 		return nil, fmt.Errorf("invalid defaults %+v", d)
 	}
 	if d.Mode != Exact && !hybridAlgorithm(d.Algorithm) {
-		return nil, fmt.Errorf("default algorithm %s cannot be used with mode %s (only exact mode takes it)", AlgorithmName(d.Algorithm), d.Mode)
+		return nil, fmt.Errorf("default algorithm %s cannot be used with mode %s (only exact mode takes it: the hybrid leases fixed_window, sliding_window, token_bucket and gcra)", AlgorithmName(d.Algorithm), d.Mode)
 	}
 	c := &Config{domains: map[string]*Domain{}}
 	var errs []error
@@ -103,8 +103,11 @@ func Parse(d Defaults, srcs ...Source) (*Config, error) {
 	return c, nil
 }
 
+// hybridAlgorithm reports whether the hybrid limiter (modes strict and
+// optimistic) serves a: every algorithm but sliding_log, whose log of
+// timestamps cannot be leased in slices.
 func hybridAlgorithm(a ratelimit.Algorithm) bool {
-	return a == ratelimit.FixedWindow || a == ratelimit.SlidingWindow
+	return a.Valid() && a != ratelimit.SlidingLog
 }
 
 type parser struct {
@@ -444,7 +447,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 		if at == nil {
 			at, fieldName = modeNode, "mode"
 		}
-		p.fail(at, fieldName, "algorithm %s needs mode exact (strict and optimistic lease fixed_window or sliding_window)", AlgorithmName(r.Algorithm))
+		p.fail(at, fieldName, "algorithm %s needs mode exact (strict and optimistic lease fixed_window, sliding_window, token_bucket or gcra)", AlgorithmName(r.Algorithm))
 		return nil
 	}
 	if !r.Unlimited && r.RequestsPerUnit > 0 {
@@ -453,7 +456,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 			p.fail(rpuNode, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
 			return nil
 		}
-		if r.Mode == Exact && r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
+		if r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
 			p.fail(rpuNode, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
 			return nil
 		}

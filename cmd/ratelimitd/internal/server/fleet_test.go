@@ -19,19 +19,27 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
   - key: client
     rate_limit: {unit: minute, requests_per_unit: 100, mode: exact}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: token_bucket}
+  - key: gcra
+    rate_limit: {unit: hour, requests_per_unit: 100, algorithm: gcra}
 `
 
 // TestFleetStrict: three ratelimitd, each with its own Redis client and
 // limiters, on one Redis, hammered on the same keys: per key and window
 // they never admit more than the limit together, they learn that they are
 // three, and once they have stopped (giving their leases back) a fourth
-// finds exactly the rest of the quota: nothing over, nothing lost.
+// finds exactly the rest of the quota: nothing over, nothing lost. The
+// buckets (strict, hybrid) hold 100 and refill 100 per hour: together the
+// fleet admits at most 100 + one per 36s elapsed, and what it admitted and
+// what is left add up to that.
 func TestFleetStrict(t *testing.T) {
 	redis := redistest.Standalone(t)
 	dir := configDir(t, map[string]string{"fleet.yaml": fleetConfig})
-	for _, kind := range []string{"user", "client"} { // strict, exact
+	for _, kind := range []string{"user", "client", "bucket", "gcra"} { // strict, exact, strict bucket, strict gcra
 		t.Run(kind, func(t *testing.T) {
 			inOneWindow(t, time.Minute, 15*time.Second, func(s *soft, sfx string) {
+				began := time.Now()
 				prefix := "fleet-" + sfx
 				var fleet []*daemon
 				for range 3 {
@@ -63,7 +71,7 @@ func TestFleetStrict(t *testing.T) {
 					}
 				}
 				wg.Wait()
-				if kind == "user" {
+				if kind != "client" {
 					v, _ := metric(scrape(t, fleet[0]), "ratelimit_instances")
 					s.expect("instances learned by each hybrid limiter", v, 3.0)
 				}
@@ -80,7 +88,6 @@ func TestFleetStrict(t *testing.T) {
 				last := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = prefix })
 				for k, key := range keys {
 					a := allowed[k].Load()
-					s.expect(fmt.Sprintf("key %s: admitted by the fleet at most the limit", key), a <= 100, true)
 					s.expect(fmt.Sprintf("key %s: hammered past its limit", key), calls.Load()/5 > 100, true)
 					rest := 0
 					for ; rest <= 100; rest++ {
@@ -88,6 +95,14 @@ func TestFleetStrict(t *testing.T) {
 							break
 						}
 					}
+					if kind == "bucket" || kind == "gcra" {
+						refill := int64(time.Since(began) / (36 * time.Second)) // whole tokens refilled at most
+						s.expect(fmt.Sprintf("key %s: admitted by the fleet at most the burst + the refill", key), a <= 100+refill, true)
+						s.expect(fmt.Sprintf("key %s: what the fleet admitted + what is left, nothing lost", key),
+							a+int64(rest) >= 100 && a+int64(rest) <= 100+refill, true)
+						continue
+					}
+					s.expect(fmt.Sprintf("key %s: admitted by the fleet at most the limit", key), a <= 100, true)
 					s.expect(fmt.Sprintf("key %s: what the fleet admitted + what is left", key), int(a)+rest, 100)
 				}
 			})
