@@ -451,3 +451,119 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A rate_limits list: several limits on one descriptor, in file order, in
+// one mode and failure mode given on any item; a list of one is a
+// rate_limit block.
+func TestRateLimits(t *testing.T) {
+	c := parse(t, `
+domain: x
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 20, algorithm: token_bucket, name: burst}
+      - {unit: minute, requests_per_unit: 600, failure_mode: closed}
+      - unit: day
+        requests_per_unit: 10000
+        name: daily
+        replaces: [{name: old}]
+  - key: logged
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, algorithm: sliding_log}
+      - {unit: hour, requests_per_unit: 100, mode: exact}
+  - key: one
+    rate_limits:
+      - {unit: minute, requests_per_unit: 7, algorithm: gcra}
+  - key: other
+    rate_limit: {unit: minute, requests_per_unit: 1, name: old}
+`)
+	r := config.Lookup(c.Domain("x"), d("api_key", "k")).Rule
+	if r == nil {
+		t.Fatal("no rule for api_key")
+	}
+	want := []config.RuleLimit{
+		{Name: "burst", RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket, Line: 6},
+		{RequestsPerUnit: 600, Unit: config.Minute, Algorithm: ratelimit.FixedWindow, Line: 7},
+		{Name: "daily", RequestsPerUnit: 10000, Unit: config.Day, Algorithm: ratelimit.FixedWindow, Line: 8},
+	}
+	if fmt.Sprint(r.Limits) != fmt.Sprint(want) || fmt.Sprint(r.AllLimits()) != fmt.Sprint(want) {
+		t.Errorf("limits %+v, want %+v", r.Limits, want)
+	}
+	if r.Mode != config.Strict || r.FailureMode != ratelimit.FailClosed || r.Line != 6 {
+		t.Errorf("mode %v, failure mode %v, line %d", r.Mode, r.FailureMode, r.Line)
+	}
+	if r.Name != "burst" || r.RequestsPerUnit != 20 || r.Unit != config.Second || r.Algorithm != ratelimit.TokenBucket {
+		t.Errorf("the rule's own fields are not its first limit's: %+v", r)
+	}
+	if !r.Named("daily") || !r.Named("burst") || r.Named("") || r.Named("x") || fmt.Sprint(r.Replaces) != "[old]" {
+		t.Errorf("names and replaces: %+v", r)
+	}
+	r = config.Lookup(c.Domain("x"), d("logged", "k")).Rule
+	if len(r.Limits) != 2 || r.Mode != config.Exact || r.Limits[0].Algorithm != ratelimit.SlidingLog {
+		t.Errorf("mode exact from the second item applies to the first: %+v", r)
+	}
+	r = config.Lookup(c.Domain("x"), d("one", "k")).Rule
+	if r.Limits != nil || r.RequestsPerUnit != 7 || r.Unit != config.Minute || r.Algorithm != ratelimit.GCRA || len(r.AllLimits()) != 1 {
+		t.Errorf("a list of one is a rate_limit block: %+v", r)
+	}
+}
+
+// Every bad rate_limits list is an error naming file, line and field.
+func TestRateLimitsErrors(t *testing.T) {
+	head := "domain: x\ndescriptors:\n  - key: a\n"
+	items := func(lines ...string) string {
+		s := head + "    rate_limits:\n"
+		for _, l := range lines {
+			s += "      - " + l + "\n"
+		}
+		return s
+	}
+	nine := make([]string, 9)
+	for i := range nine {
+		nine[i] = fmt.Sprintf("{unit: second, requests_per_unit: %d}", i+1)
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"both", head + "    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: minute, requests_per_unit: 5}]\n",
+			"f.yaml:5: rate_limits: a descriptor takes rate_limit or rate_limits, not both"},
+		{"not a list", head + "    rate_limits: {unit: second, requests_per_unit: 1}\n", "f.yaml:4: rate_limits: want a list of limits"},
+		{"empty", head + "    rate_limits: []\n", "f.yaml:4: rate_limits: want a list of limits"},
+		{"too many", items(nine...), "f.yaml:5: rate_limits: 9 limits: at most 8 on one descriptor"},
+		{"item not a mapping", items("5"), "f.yaml:5: rate_limits: a limit must be a mapping"},
+		{"missing unit", items("{requests_per_unit: 5}"), "f.yaml:5: unit: missing"},
+		{"missing rpu", items("{unit: second}"), "f.yaml:5: requests_per_unit: missing"},
+		{"zero", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 0}"), "f.yaml:6: requests_per_unit: 0 in rate_limits"},
+		{"unlimited", items("{unlimited: true}"), "f.yaml:5: unlimited: a limit of rate_limits cannot be unlimited"},
+		{"unknown field", items("{unit: second, requests_per_unit: 1, burst: 5}"), "f.yaml:5: burst: unknown field"},
+		{"bad unit", items("{unit: fortnight, requests_per_unit: 1}"), `f.yaml:5: unit: unknown unit "fortnight"`},
+		{"two modes", items("{unit: second, requests_per_unit: 1, mode: strict}", "{unit: day, requests_per_unit: 5, mode: exact}"),
+			"f.yaml:6: mode: mode exact, but line 5 says strict: the limits of one descriptor are decided together"},
+		{"two failure modes", items("{unit: second, requests_per_unit: 1, failure_mode: open}", "{unit: day, requests_per_unit: 5, failure_mode: closed}"),
+			"f.yaml:6: failure_mode: failure mode closed, but line 5 says open"},
+		{"same algorithm and unit", items("{unit: minute, requests_per_unit: 10}", "{unit: day, requests_per_unit: 100}", "{unit: minute, requests_per_unit: 20}"),
+			"f.yaml:7: rate_limits: a second fixed_window limit per minute (first on line 5): merge them into one"},
+		{"log needs exact", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 5, algorithm: sliding_log}"),
+			"f.yaml:6: algorithm: algorithm sliding_log needs mode exact"},
+		{"too large", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 1000000000}"),
+			"f.yaml:6: requests_per_unit: 1000000000 per day cannot be enforced"},
+		{"gcra too fast", items("{unit: second, requests_per_unit: 2000000, algorithm: gcra}", "{unit: day, requests_per_unit: 5}"),
+			"f.yaml:5: requests_per_unit: gcra needs at most one request per microsecond"},
+		{"a name twice", items("{unit: second, requests_per_unit: 1, name: n}", "{unit: day, requests_per_unit: 5, name: n}"),
+			`f.yaml:6: name: the name "n" is already given on line 5`},
+		{"replaces itself", items("{unit: second, requests_per_unit: 1, name: n}", "{unit: day, requests_per_unit: 5, replaces: [{name: n}]}"),
+			`f.yaml:6: replaces: a rule cannot replace itself (name "n")`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(tc.src)})
+			if err == nil {
+				t.Fatalf("no error; want %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q\ndoes not contain %q", err, tc.want)
+			}
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.File != "f.yaml" {
+				t.Fatalf("error %v is not a *config.Error naming the file", err)
+			}
+		})
+	}
+}
