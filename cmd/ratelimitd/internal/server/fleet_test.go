@@ -46,31 +46,7 @@ func TestFleetStrict(t *testing.T) {
 					fleet = append(fleet, start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = prefix }))
 				}
 				keys := []string{"k0", "k1", "k2", "k3", "k4"}
-				var allowed [5]atomic.Int64
-				var calls atomic.Int64
-				var wg sync.WaitGroup
-				stop := time.Now().Add(1500 * time.Millisecond)
-				for di, d := range fleet {
-					for w := range 4 {
-						wg.Go(func() {
-							for i := di*4 + w; time.Now().Before(stop); i++ {
-								k := i % len(keys)
-								ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-								r, err := d.rls.ShouldRateLimit(ctx, rq("fleet", desc(kind, keys[k])))
-								cancel()
-								if err != nil {
-									t.Errorf("daemon %d: %v", di, err)
-									return
-								}
-								calls.Add(1)
-								if r.OverallCode == ok {
-									allowed[k].Add(1)
-								}
-							}
-						})
-					}
-				}
-				wg.Wait()
+				allowed, calls := hammer(t, fleet, kind, keys, 1500*time.Millisecond)
 				if kind != "client" {
 					v, _ := metric(scrape(t, fleet[0]), "ratelimit_instances")
 					s.expect("instances learned by each hybrid limiter", v, 3.0)
@@ -82,13 +58,12 @@ func TestFleetStrict(t *testing.T) {
 						t.Errorf("stop: %v", err)
 					}
 				}
-				t.Logf("%s: %d calls, allowed per key %d %d %d %d %d, %.1f Redis round trips per 1,000 calls",
-					kind, calls.Load(), allowed[0].Load(), allowed[1].Load(), allowed[2].Load(), allowed[3].Load(), allowed[4].Load(),
-					1000*float64(trips)/float64(calls.Load()))
+				t.Logf("%s: %d calls, allowed per key %v, %.1f Redis round trips per 1,000 calls",
+					kind, calls, allowed, 1000*float64(trips)/float64(calls))
 				last := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = prefix })
 				for k, key := range keys {
-					a := allowed[k].Load()
-					s.expect(fmt.Sprintf("key %s: hammered past its limit", key), calls.Load()/5 > 100, true)
+					a := allowed[k]
+					s.expect(fmt.Sprintf("key %s: hammered past its limit", key), calls/5 > 100, true)
 					rest := 0
 					for ; rest <= 100; rest++ {
 						if codes(last.call(t, rq("fleet", desc(kind, key)))) != "OK:OK" {
@@ -108,4 +83,40 @@ func TestFleetStrict(t *testing.T) {
 			})
 		})
 	}
+}
+
+// hammer has four workers per daemon call ShouldRateLimit on descriptors
+// (descKey, keys[i]), each key in turn, for dur; it returns the calls
+// allowed per key, and the calls made.
+func hammer(t *testing.T, fleet []*daemon, descKey string, keys []string, dur time.Duration) ([]int64, int64) {
+	allowed := make([]atomic.Int64, len(keys))
+	var calls atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(dur)
+	for di, d := range fleet {
+		for w := range 4 {
+			wg.Go(func() {
+				for i := di*4 + w; time.Now().Before(stop); i++ {
+					k := i % len(keys)
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					r, err := d.rls.ShouldRateLimit(ctx, rq("fleet", desc(descKey, keys[k])))
+					cancel()
+					if err != nil {
+						t.Errorf("daemon %d: %v", di, err)
+						return
+					}
+					calls.Add(1)
+					if r.OverallCode == ok {
+						allowed[k].Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	out := make([]int64, len(keys))
+	for i := range allowed {
+		out[i] = allowed[i].Load()
+	}
+	return out, calls.Load()
 }

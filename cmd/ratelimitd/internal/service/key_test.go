@@ -76,3 +76,30 @@ func TestSignaturePrefix(t *testing.T) {
 		}
 	}
 }
+
+// A rule of several limits has one signature for the whole list, in order:
+// its limiter's prefix and name join the limits with '+'; the same list is
+// the same limiter, another list (or order, or mode) another.
+func TestSignatureSeveralLimits(t *testing.T) {
+	r := &config.Rule{Limits: []config.RuleLimit{
+		{RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket},
+		{RequestsPerUnit: 600, Unit: config.Minute, Algorithm: ratelimit.FixedWindow},
+	}}
+	sig := signatureOf(r)
+	if got := sig.prefix("p"); got != "p:token_bucket:20:1000ms+fixed_window:600:60000ms:s-local" {
+		t.Errorf("prefix %q", got)
+	}
+	if got := sig.String(); got != "strict token_bucket 20/1s + fixed_window 600/60s local" {
+		t.Errorf("name %q", got)
+	}
+	same := &config.Rule{Limits: append([]config.RuleLimit(nil), r.Limits...)}
+	swapped := &config.Rule{Limits: []config.RuleLimit{r.Limits[1], r.Limits[0]}}
+	exact := &config.Rule{Limits: r.Limits, Mode: config.Exact}
+	single := &config.Rule{RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket}
+	if signatureOf(same) != sig || signatureOf(swapped) == sig || signatureOf(exact) == sig || signatureOf(single) == sig {
+		t.Error("signatures of rules of several limits")
+	}
+	if signatureOf(exact).prefix("p") != sig.prefix("p") {
+		t.Error("strict and exact of the same limits must share a prefix")
+	}
+}
