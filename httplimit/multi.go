@@ -132,20 +132,21 @@ func periodName(p time.Duration) string {
 	return strconv.FormatInt(int64(p), 10) + "ns"
 }
 
-// algorithmName is a's name in a policy name: fixed_window, sliding_window,
-// sliding_log, token_bucket or gcra.
+// algorithmName is a's name in a policy name: its constant's name in
+// snake case, fixed_window, sliding_window, sliding_log, token_bucket or
+// gcra, as configuration files spell them.
 func algorithmName(a ratelimit.Algorithm) string {
-	switch a {
-	case ratelimit.FixedWindow:
-		return "fixed_window"
-	case ratelimit.SlidingWindow:
-		return "sliding_window"
-	case ratelimit.SlidingLog:
-		return "sliding_log"
-	case ratelimit.TokenBucket:
-		return "token_bucket"
-	case ratelimit.GCRA:
-		return "gcra"
+	s := a.String()
+	b := make([]byte, 0, len(s)+2)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			if i > 0 && 'a' <= s[i-1] && s[i-1] <= 'z' {
+				b = append(b, '_')
+			}
+			c += 'a' - 'A'
+		}
+		b = append(b, c)
 	}
-	return "algorithm" + strconv.Itoa(int(a))
+	return string(b)
 }
