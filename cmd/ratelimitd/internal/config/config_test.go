@@ -358,19 +358,24 @@ func TestErrors(t *testing.T) {
 		{"gcra too fast", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, mode: exact, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(tc.src)})
-			if err == nil {
-				t.Fatalf("no error; want %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q\ndoes not contain %q", err, tc.want)
-			}
-			var ce *config.Error
-			if !errors.As(err, &ce) || ce.File != "f.yaml" {
-				t.Fatalf("error %v is not a *config.Error naming the file", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { requireParseError(t, tc.src, tc.want) })
+	}
+}
+
+// requireParseError requires that parsing src as f.yaml fails with a
+// *config.Error naming the file, whose text holds want.
+func requireParseError(t *testing.T, src, want string) {
+	t.Helper()
+	_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(src)})
+	if err == nil {
+		t.Fatalf("no error; want %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q\ndoes not contain %q", err, want)
+	}
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "f.yaml" {
+		t.Fatalf("error %v is not a *config.Error naming the file", err)
 	}
 }
 
@@ -552,18 +557,6 @@ func TestRateLimitsErrors(t *testing.T) {
 		{"replaces itself", items("{unit: second, requests_per_unit: 1, name: n}", "{unit: day, requests_per_unit: 5, replaces: [{name: n}]}"),
 			`f.yaml:6: replaces: a rule cannot replace itself (name "n")`},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(tc.src)})
-			if err == nil {
-				t.Fatalf("no error; want %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q\ndoes not contain %q", err, tc.want)
-			}
-			var ce *config.Error
-			if !errors.As(err, &ce) || ce.File != "f.yaml" {
-				t.Fatalf("error %v is not a *config.Error naming the file", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { requireParseError(t, tc.src, tc.want) })
 	}
 }
