@@ -3,6 +3,7 @@ package httplimit_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -331,4 +332,28 @@ func TestMultiConcurrent(t *testing.T) {
 		t.Error(err)
 	}
 	require.EqualValues(t, clients*each, observed.Load())
+}
+
+// The middleware allocates as much for three policies as for one: the two
+// header values. The states of the limits go into a pooled buffer.
+func TestMultiAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items: allocation counts are not the program's")
+	}
+	one, err := local.New(benchLimits[1])
+	require.NoError(t, err)
+	multi, err := local.NewMulti(benchLimits, local.WithAlgorithms(benchAlgs...))
+	require.NoError(t, err)
+	allocs := func(lim ratelimit.Limiter) float64 {
+		h := httplimit.New(lim)(ok)
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = "192.0.2.1:40000"
+		w := &recorder{h: make(http.Header)}
+		return testing.AllocsPerRun(1000, func() {
+			clear(w.h)
+			h.ServeHTTP(w, r)
+		})
+	}
+	require.Equal(t, 2.0, allocs(one), "one policy")
+	require.Equal(t, 2.0, allocs(multi), "three policies")
 }
