@@ -28,6 +28,34 @@
 // for the window algorithms, Burst (or Rate when Burst is 0) for TokenBucket
 // and GCRA.
 //
+// # Several limits
+//
+// A limiter of several limits on each key (a ratelimit.MultiLimiter, such
+// as local.NewMulti, global.NewMulti or hybrid.NewMulti: per second, per
+// minute and per day, all or nothing) is one policy per limit: one member
+// per limit, in the limiter's order, in each of RateLimit-Policy and
+// RateLimit, with that limit's quota (its capacity), window, remaining and
+// reset:
+//
+//	RateLimit-Policy: "default-1s";q=20;w=1, "default-60s";q=600;w=60, "default-86400s";q=10000;w=86400
+//	RateLimit: "default-1s";r=19;t=1, "default-60s";r=412;t=37, "default-86400s";r=8211;t=40213
+//
+// Each policy is named after the policy name (WithPolicyName) and the
+// limit's period in seconds, the w it advertises: "<name>-<seconds>s"
+// ("<name>-1500ms" for a period of no whole seconds; two limits of one
+// period also get their algorithm, "<name>-1s-token_bucket"). Names derived
+// so stay the same as long as the limits do, whatever their order of
+// tightness. WithPolicyNames names each limit instead.
+//
+// X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset and
+// Retry-After describe the tightest limit, the one the Decision itself
+// describes (see ratelimit.Combine): the least remaining when the request
+// is allowed; when it is denied, the denying limit whose RetryAfter is the
+// latest, so Retry-After is when every limit admits the request again. A
+// MultiLimiter of one limit writes exactly what a Limiter of that limit
+// writes. A Limiter that is not a MultiLimiter but whose decisions list
+// several limits (Decision.Limits) gets the same headers.
+//
 // # Errors
 //
 // The middleware never lets a request through without a decision, except in
@@ -73,6 +101,10 @@
 // handlers) are called on the request's goroutine and must be safe for
 // concurrent use. An allowed request costs the middleware two small
 // allocations (the header values) beyond what the limiter and the key
-// function allocate; ClientIP and Header allocate nothing for an IPv4 peer or
-// a header value.
+// function allocate, whether it lists one policy or several; ClientIP and
+// Header allocate nothing for an IPv4 peer or a header value. A
+// MultiLimiter decides into a buffer from a sync.Pool (AllowNInto), so
+// the state of its limits costs no allocation either; that buffer is
+// reused once the observer and the denied handler have returned, so that
+// Event.Decision.Limits is valid only until then (see Event).
 package httplimit

@@ -104,3 +104,62 @@ func ExampleJoin() {
 	// POST /rides|rider-4421 <nil>
 	//  httplimit: cannot key the request: header X-User-Id missing or empty
 }
+
+// Several limits on one key, all or nothing: a burst of 2 refilled at 1 per
+// second, and 3 per minute. Each limit is a policy of its own in
+// RateLimit-Policy and RateLimit; X-RateLimit-* and Retry-After describe
+// the tightest, which on a denial is the limit that denied.
+func Example_severalLimits() {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC) // a fake clock, for reproducible output
+	lim, err := local.NewMulti(
+		[]ratelimit.Limit{{Rate: 1, Period: time.Second, Burst: 2}, ratelimit.PerMinute(3)},
+		local.WithAlgorithms(ratelimit.TokenBucket, ratelimit.FixedWindow),
+		local.WithClock(func() time.Time { return now }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") })
+	h := httplimit.New(lim, httplimit.WithKey(httplimit.Header("X-API-Key")))(api)
+
+	for i, wait := range []time.Duration{0, 0, 0, 2 * time.Second, 0} {
+		now = now.Add(wait)
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-API-Key", "key-1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("request %d after %v: %d\n", i+1, wait, w.Code)
+		for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "Retry-After", "RateLimit-Policy", "RateLimit"} {
+			if v := w.Header().Get(name); v != "" {
+				fmt.Printf("  %s: %s\n", name, v)
+			}
+		}
+	}
+	// Output:
+	// request 1 after 0s: 200
+	//   X-RateLimit-Limit: 2
+	//   X-RateLimit-Remaining: 1
+	//   RateLimit-Policy: "default-1s";q=2;w=1, "default-60s";q=3;w=60
+	//   RateLimit: "default-1s";r=1;t=1, "default-60s";r=2;t=60
+	// request 2 after 0s: 200
+	//   X-RateLimit-Limit: 2
+	//   X-RateLimit-Remaining: 0
+	//   RateLimit-Policy: "default-1s";q=2;w=1, "default-60s";q=3;w=60
+	//   RateLimit: "default-1s";r=0;t=2, "default-60s";r=1;t=60
+	// request 3 after 0s: 429
+	//   X-RateLimit-Limit: 2
+	//   X-RateLimit-Remaining: 0
+	//   Retry-After: 1
+	//   RateLimit-Policy: "default-1s";q=2;w=1, "default-60s";q=3;w=60
+	//   RateLimit: "default-1s";r=0;t=2, "default-60s";r=1;t=60
+	// request 4 after 2s: 200
+	//   X-RateLimit-Limit: 3
+	//   X-RateLimit-Remaining: 0
+	//   RateLimit-Policy: "default-1s";q=2;w=1, "default-60s";q=3;w=60
+	//   RateLimit: "default-1s";r=1;t=1, "default-60s";r=0;t=58
+	// request 5 after 0s: 429
+	//   X-RateLimit-Limit: 3
+	//   X-RateLimit-Remaining: 0
+	//   Retry-After: 58
+	//   RateLimit-Policy: "default-1s";q=2;w=1, "default-60s";q=3;w=60
+	//   RateLimit: "default-1s";r=1;t=1, "default-60s";r=0;t=58
+}

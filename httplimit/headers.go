@@ -51,11 +51,11 @@ func (m *middleware) policyStrings(l ratelimit.Limit, a ratelimit.Algorithm) *po
 // writeHeaders sets the selected rate-limit headers of decision d on h;
 // Retry-After only when the request is denied.
 //
-// The headers describe one policy. RateLimit-Policy and RateLimit are
-// structured-field lists: describing several policies of one request is
-// appending one member per policy to each (appendPolicyMember,
-// appendRateLimitMember), separated by ", ", while the X-RateLimit-* headers
-// would describe the tightest one.
+// A decision of one limit is one policy. A decision that lists several
+// (Decision.Limits) is one policy per limit: RateLimit-Policy and RateLimit
+// are structured-field lists, one member per limit, in the limiter's
+// order, separated by ", "; the X-RateLimit-* headers and Retry-After
+// describe the limit the Decision itself describes, the tightest.
 func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bool) {
 	sets := m.headers
 	if !denied {
@@ -64,13 +64,23 @@ func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bo
 	if sets == 0 {
 		return
 	}
-	ps := m.policyStrings(d.Limit, d.Algorithm)
+	var quota, policy string
+	states := d.Limits()
+	var ms *multiStrings
+	if len(states) > 1 {
+		ms = m.multiStrings(states)
+		quota, policy = ms.quota(d), ms.policy
+	} else {
+		ps := m.policyStrings(d.Limit, d.Algorithm)
+		quota, policy = ps.quota, ps.policy
+	}
 	remaining := max(d.Remaining, 0)
 
 	// The values that change per request are appended to one buffer that
 	// becomes one string, and every header's one-element value slice shares
-	// one array: two allocations per response.
-	var buf [128]byte
+	// one array: two allocations per response (three when the RateLimit
+	// list of many limits with long names outgrows buf).
+	var buf [512]byte
 	var ends [4]int
 	b, n := buf[:0], 0
 	if sets&XRateLimit != 0 {
@@ -84,7 +94,16 @@ func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bo
 		ends[n], n = len(b), n+1
 	}
 	if sets&IETF != 0 {
-		b = appendRateLimitMember(b, m.quotedName, remaining, ceilSeconds(d.ResetAfter))
+		if ms == nil {
+			b = appendRateLimitMember(b, m.quotedName, remaining, ceilSeconds(d.ResetAfter))
+		} else {
+			for i := range states {
+				if i > 0 {
+					b = append(b, ", "...)
+				}
+				b = appendRateLimitMember(b, ms.names[i], max(states[i].Remaining, 0), ceilSeconds(states[i].ResetAfter))
+			}
+		}
 		ends[n], n = len(b), n+1
 	}
 	s := string(b)
@@ -100,7 +119,7 @@ func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bo
 	}
 	i := 0
 	if sets&XRateLimit != 0 {
-		set(headerLimit, ps.quota)
+		set(headerLimit, quota)
 		set(headerRemaining, parts[i])
 		set(headerReset, parts[i+1])
 		i += 2
@@ -110,7 +129,7 @@ func (m *middleware) writeHeaders(h http.Header, d ratelimit.Decision, denied bo
 		i++
 	}
 	if sets&IETF != 0 {
-		set(headerPolicy, ps.policy)
+		set(headerPolicy, policy)
 		set(headerRateLimit, parts[i])
 	}
 }

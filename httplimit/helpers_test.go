@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,13 +22,26 @@ import (
 type recorded struct {
 	mu     sync.Mutex
 	events []httplimit.Event
+	states [][]ratelimit.LimitState // a copy of each event's Decision.Limits
 	served atomic.Int64
 }
 
+// observe keeps e, and a copy of its Decision.Limits: the middleware reuses
+// that buffer once the observer returns.
 func (rec *recorded) observe(_ *http.Request, e httplimit.Event) {
 	rec.mu.Lock()
 	rec.events = append(rec.events, e)
+	rec.states = append(rec.states, slices.Clone(e.Decision.Limits()))
 	rec.mu.Unlock()
+}
+
+// lastStates returns the copy of the last event's Decision.Limits.
+func (rec *recorded) lastStates(t *testing.T) []ratelimit.LimitState {
+	t.Helper()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.NotEmpty(t, rec.states, "no event observed")
+	return rec.states[len(rec.states)-1]
 }
 
 func (rec *recorded) all() []httplimit.Event {

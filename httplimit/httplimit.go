@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 
@@ -56,6 +57,12 @@ func (o Outcome) String() string {
 
 // Event is what the observer registered with WithObserver learns about one
 // request.
+//
+// For a ratelimit.MultiLimiter, Decision.Limits lists the state of every
+// limit in a buffer the middleware reuses for a later request once the
+// observer (and, for a denied request, the DeniedHandler) has returned: an
+// observer that keeps the states past its return copies them
+// (slices.Clone(e.Decision.Limits())).
 type Event struct {
 	Outcome  Outcome
 	Policy   string             // the policy name (WithPolicyName)
@@ -67,6 +74,8 @@ type Event struct {
 
 // A DeniedHandler answers a request the limiter denied. The rate-limit
 // headers, Retry-After included, are already set on w when it is called.
+// d.Limits, for a ratelimit.MultiLimiter, is valid until it returns (see
+// Event).
 type DeniedHandler func(w http.ResponseWriter, r *http.Request, d ratelimit.Decision)
 
 // An ErrorHandler answers a request for which no decision could be taken;
@@ -101,13 +110,19 @@ type middleware struct {
 	limiter ratelimit.Limiter
 	err     error // configuration error, answered to every request
 
-	// strings derived from the last Limit seen (see policyStrings)
-	static atomic.Pointer[policyStrings]
+	// multi is limiter when it is a ratelimit.MultiLimiter: its decisions
+	// are taken with AllowNInto into a pooled buffer.
+	multi ratelimit.MultiLimiter
+
+	// strings derived from the last Limit seen (see policyStrings), and from
+	// the last limits of a decision of several (see multiStrings)
+	static  atomic.Pointer[policyStrings]
+	mstatic atomic.Pointer[multiStrings]
 }
 
 func newMiddleware(l ratelimit.Limiter, opts []Option) *middleware {
 	m := &middleware{config: defaultConfig(), limiter: l}
-	if l == nil {
+	if isNil(l) {
 		m.err = fmt.Errorf("%w: httplimit: nil Limiter", ratelimit.ErrInvalidOption)
 	}
 	for i, o := range opts {
@@ -122,7 +137,30 @@ func newMiddleware(l ratelimit.Limiter, opts []Option) *middleware {
 		}
 	}
 	m.quotedName = quoteString(m.name)
+	if ml, ok := l.(ratelimit.MultiLimiter); ok && m.err == nil {
+		m.multi = ml
+		n := len(ml.Limits())
+		switch {
+		case m.names != nil && len(m.names) != n:
+			m.err = invalid("WithPolicyNames gives %d names for a MultiLimiter of %d limits", len(m.names), n)
+		case m.quota != 0 && n > 1:
+			m.err = invalid("WithQuota(%d) with a MultiLimiter of %d limits: each limit's policy advertises its own capacity", m.quota, n)
+		}
+	}
 	return m
+}
+
+// isNil reports whether l is nil, or a nil pointer (or map, func, ...) in a
+// Limiter, whose methods would panic.
+func isNil(l ratelimit.Limiter) bool {
+	if l == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(l); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 type handler struct {
@@ -161,8 +199,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.cost != nil {
 		ev.Cost = m.cost(r)
 	}
-	d, err := m.limiter.AllowN(ctx, key, ev.Cost)
+	var (
+		d      ratelimit.Decision
+		states *[]ratelimit.LimitState
+	)
+	if m.multi != nil {
+		states = statesPool.Get().(*[]ratelimit.LimitState)
+		d, err = m.multi.AllowNInto(ctx, key, ev.Cost, states)
+	} else {
+		d, err = m.limiter.AllowN(ctx, key, ev.Cost)
+	}
 	if err != nil {
+		if states != nil {
+			statesPool.Put(states)
+		}
 		if ctx.Err() != nil {
 			ev.Err = fmt.Errorf("%w: %w", ErrCanceled, err)
 		} else {
@@ -186,9 +236,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if ev.Outcome == OutcomeDenied {
 		m.denied(w, r, d)
-		return
 	}
-	h.next.ServeHTTP(w, r)
+	if states != nil {
+		// Decision.Limits is *states: no one may read it from here on.
+		statesPool.Put(states)
+	}
+	if ev.Outcome != OutcomeDenied {
+		h.next.ServeHTTP(w, r)
+	}
 }
 
 // fail reports a request without a decision and answers it with the error

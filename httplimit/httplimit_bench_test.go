@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/httplimit"
@@ -21,10 +22,25 @@ var benchLimit = ratelimit.Limit{Rate: 1_000_000_000, Period: ratelimit.PerSecon
 
 var ok = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 
+// benchLimits are an API plan's burst bucket, per-minute and per-ten-minute
+// windows, none of which a benchmark fills: every request is allowed.
+var (
+	benchLimits = []ratelimit.Limit{
+		{Rate: 1_000_000_000, Period: time.Second, Burst: 1_000_000_000},
+		{Rate: 100_000_000, Period: time.Minute},
+		{Rate: 10_000_000, Period: 10 * time.Minute},
+	}
+	benchAlgs = []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.FixedWindow, ratelimit.SlidingWindow}
+)
+
 // BenchmarkMiddleware: one allowed request through the middleware, keyed by
 // ClientIP, all headers written, against the bare handler and the limiter
 // called alone in the same run. The middleware's own cost is
 // middleware - limiter - bare.
+//
+// The multi cases are the same over a Multi of benchLimits (three policies
+// in RateLimit-Policy and RateLimit); their limiter case is AllowNInto with
+// a reused buffer, as the middleware calls it.
 //
 //	go test -run '^$' -bench Middleware -benchmem ./httplimit/
 func BenchmarkMiddleware(b *testing.B) {
@@ -40,17 +56,33 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { hyb.Close() })
+	locMulti, err := local.NewMulti(benchLimits, local.WithAlgorithms(benchAlgs...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	hybMulti, err := hybrid.NewMulti(client, benchLimits, hybrid.WithAlgorithms(benchAlgs...), hybrid.WithPrefix("bench-http-multi"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { hybMulti.Close() })
 
 	b.Run("bare", func(b *testing.B) { benchHandler(b, ok) })
 	for _, c := range []struct {
 		name string
 		lim  ratelimit.Limiter
-	}{{"local", loc}, {"hybrid", hyb}} {
+	}{{"local", loc}, {"hybrid", hyb}, {"local-multi", locMulti}, {"hybrid-multi", hybMulti}} {
 		b.Run(c.name+"/limiter", func(b *testing.B) {
 			ctx := context.Background()
+			allow := c.lim.AllowN
+			if ml, ok := c.lim.(ratelimit.MultiLimiter); ok {
+				states := make([]ratelimit.LimitState, 0, ratelimit.MaxLimits)
+				allow = func(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+					return ml.AllowNInto(ctx, key, n, &states)
+				}
+			}
 			b.ReportAllocs()
 			for b.Loop() {
-				if d, err := c.lim.AllowN(ctx, "192.0.2.1", 1); err != nil || !d.Allowed {
+				if d, err := allow(ctx, "192.0.2.1", 1); err != nil || !d.Allowed {
 					b.Fatal(d, err)
 				}
 			}

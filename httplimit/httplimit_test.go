@@ -143,6 +143,33 @@ func rolled(rs []response, evs []httplimit.Event) bool {
 // the middleware took for it, and a 429's Retry-After and body.
 func checkHeaders(t *testing.T, r response, d ratelimit.Decision, quota int, policy string) {
 	t.Helper()
+	checkLegacyHeaders(t, r, d, quota)
+	h := r.header
+	pol := h.Values("RateLimit-Policy")
+	require.Len(t, pol, 1)
+	items, err := parseSFList(pol[0])
+	require.NoError(t, err, "RateLimit-Policy %q", pol[0])
+	require.Len(t, items, 1)
+	require.Equal(t, policy, items[0].value)
+	want := []sfParam{{"q", int64(quota)}}
+	if p := d.Limit.Period; p%time.Second == 0 {
+		want = append(want, sfParam{"w", int64(p / time.Second)})
+	}
+	require.Equal(t, want, items[0].params, "RateLimit-Policy %q", pol[0])
+
+	rl := h.Values("RateLimit")
+	require.Len(t, rl, 1)
+	items, err = parseSFList(rl[0])
+	require.NoError(t, err, "RateLimit %q", rl[0])
+	require.Len(t, items, 1)
+	require.Equal(t, policy, items[0].value)
+	require.Equal(t, []sfParam{{"r", int64(d.Remaining)}, {"t", ceilSec(d.ResetAfter)}}, items[0].params, "RateLimit %q", rl[0])
+}
+
+// checkLegacyHeaders checks the X-RateLimit-* headers of r against d, and a
+// 429's Retry-After and body.
+func checkLegacyHeaders(t *testing.T, r response, d ratelimit.Decision, quota int) {
+	t.Helper()
 	h := r.header
 	require.Equal(t, strconv.Itoa(quota), h.Get("X-RateLimit-Limit"))
 	require.Equal(t, strconv.Itoa(d.Remaining), h.Get("X-RateLimit-Remaining"))
@@ -171,26 +198,6 @@ func checkHeaders(t *testing.T, r response, d ratelimit.Decision, quota int, pol
 		require.Equal(t, "rate_limit_exceeded", body.Error)
 		require.Equal(t, ra, body.RetryAfter)
 	}
-
-	pol := h.Values("RateLimit-Policy")
-	require.Len(t, pol, 1)
-	items, err := parseSFList(pol[0])
-	require.NoError(t, err, "RateLimit-Policy %q", pol[0])
-	require.Len(t, items, 1)
-	require.Equal(t, policy, items[0].value)
-	want := []sfParam{{"q", int64(quota)}}
-	if p := d.Limit.Period; p%time.Second == 0 {
-		want = append(want, sfParam{"w", int64(p / time.Second)})
-	}
-	require.Equal(t, want, items[0].params, "RateLimit-Policy %q", pol[0])
-
-	rl := h.Values("RateLimit")
-	require.Len(t, rl, 1)
-	items, err = parseSFList(rl[0])
-	require.NoError(t, err, "RateLimit %q", rl[0])
-	require.Len(t, items, 1)
-	require.Equal(t, policy, items[0].value)
-	require.Equal(t, []sfParam{{"r", int64(d.Remaining)}, {"t", ceilSec(d.ResetAfter)}}, items[0].params, "RateLimit %q", rl[0])
 }
 
 func ceilUnix(t time.Time) int64 {
@@ -200,7 +207,13 @@ func ceilUnix(t time.Time) int64 {
 	return t.Unix()
 }
 
-func ceilSec(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+func ceilSec(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
+}
 
 // The header names the middleware writes directly into the map must be the
 // canonical ones, or Header.Get would not find them.

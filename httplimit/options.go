@@ -33,8 +33,9 @@ type config struct {
 	cost       func(*http.Request) int
 	shadow     bool
 	name       string
-	quotedName string // name as a structured-field string, set by newMiddleware
-	quota      int    // 0: the decision's capacity
+	quotedName string   // name as a structured-field string, set by newMiddleware
+	names      []string // WithPolicyNames: one per limit of a MultiLimiter
+	quota      int      // 0: the decision's capacity
 	headers    HeaderSet
 	denied     DeniedHandler
 	onError    ErrorHandler
@@ -101,21 +102,61 @@ func WithShadow() Option {
 }
 
 // WithPolicyName names the policy in the RateLimit-Policy and RateLimit
-// fields and in observer events (default DefaultPolicyName). The name must be
-// 1 to 64 printable ASCII characters.
+// fields and in observer events (default DefaultPolicyName). With several
+// limits it is the stem of each limit's policy name (see WithPolicyNames).
+// The name must be 1 to 64 printable ASCII characters.
 func WithPolicyName(name string) Option {
 	return optionFunc(func(c *config) error {
-		if name == "" || len(name) > 64 {
-			return invalid("policy name %q must be 1 to 64 characters", name)
-		}
-		for i := 0; i < len(name); i++ {
-			if name[i] < 0x20 || name[i] > 0x7e {
-				return invalid("policy name %q holds a character that is not printable ASCII", name)
-			}
+		if err := checkPolicyName(name); err != nil {
+			return err
 		}
 		c.name = name
 		return nil
 	})
+}
+
+// WithPolicyNames names the policy of each limit, in the limiter's order,
+// for a ratelimit.MultiLimiter (or a Limiter whose decisions list several
+// limits, Decision.Limits): the names of the RateLimit-Policy and
+// RateLimit members. Without it each limit's name is derived from the
+// policy name (WithPolicyName) and the limit's period: "default-1s",
+// "default-60s", "default-86400s" (see the package documentation). Each
+// name must be 1 to 64 printable ASCII characters, and the names distinct.
+//
+// For a MultiLimiter, the number of names must equal its number of limits,
+// or the middleware is misconfigured (New and Validate report it). A
+// decision of another Limiter that lists a different number of limits than
+// names were given gets the derived names.
+func WithPolicyNames(names ...string) Option {
+	return optionFunc(func(c *config) error {
+		if len(names) == 0 || len(names) > ratelimit.MaxLimits {
+			return invalid("WithPolicyNames: want 1 to %d names, got %d", ratelimit.MaxLimits, len(names))
+		}
+		for i, n := range names {
+			if err := checkPolicyName(n); err != nil {
+				return err
+			}
+			for _, prev := range names[:i] {
+				if prev == n {
+					return invalid("WithPolicyNames: the name %q is given twice", n)
+				}
+			}
+		}
+		c.names = append([]string(nil), names...)
+		return nil
+	})
+}
+
+func checkPolicyName(name string) error {
+	if name == "" || len(name) > 64 {
+		return invalid("policy name %q must be 1 to 64 characters", name)
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] < 0x20 || name[i] > 0x7e {
+			return invalid("policy name %q holds a character that is not printable ASCII", name)
+		}
+	}
+	return nil
 }
 
 // WithQuota sets the quota advertised in X-RateLimit-Limit and in the q
@@ -124,6 +165,11 @@ func WithPolicyName(name string) Option {
 // algorithms, Burst (or Rate when Burst is 0) for TokenBucket and GCRA. It is
 // for a Limiter that does not fill Decision.Algorithm, or a policy that
 // advertises another number than the one Remaining counts down from.
+//
+// It is for a limiter of one limit: with a ratelimit.MultiLimiter of
+// several limits the middleware is misconfigured (New and Validate report
+// it), and a decision of another Limiter that lists several limits
+// advertises each limit's own capacity, ignoring it.
 func WithQuota(q int) Option {
 	return optionFunc(func(c *config) error {
 		if q <= 0 {

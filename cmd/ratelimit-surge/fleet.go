@@ -17,7 +17,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/httplimit"
 	"github.com/hybridlimit/ratelimit/hybrid"
 )
@@ -67,7 +66,7 @@ func startFleet(cfg config, newClient func() redis.UniversalClient, prefix strin
 			c := newClient()
 			c.AddHook(countHook{&f.commands})
 			f.clients = append(f.clients, c)
-			lim, err := hybrid.New(c, ratelimit.Limit{Rate: cfg.limit, Period: cfg.period},
+			lim, err := hybrid.New(c, cfg.rateLimit(),
 				hybrid.WithAlgorithm(cfg.algorithm),
 				hybrid.WithPrefix(prefix),
 				hybrid.WithInstances(cfg.instances),
@@ -80,7 +79,7 @@ func startFleet(cfg config, newClient func() redis.UniversalClient, prefix strin
 			h = httplimit.New(lim,
 				httplimit.WithKey(httplimit.Header(userHeader)),
 				httplimit.WithPolicyName("per-rider"),
-				httplimit.WithObserver(f.countAllowed(cfg.period)))(api)
+				httplimit.WithObserver(f.countAllowed(cfg.period, cfg.algorithm.IsWindow())))(api)
 		}
 		addr, err := f.serve(h)
 		if err != nil {
@@ -144,8 +143,10 @@ func (f *fleet) countArrivals(next http.Handler, period time.Duration) http.Hand
 }
 
 // countAllowed tallies every request the limiter allowed in the window the
-// limiter counted it in: the window that ends at now + ResetAfter.
-func (f *fleet) countAllowed(period time.Duration) func(*http.Request, httplimit.Event) {
+// limiter counted it in: for the window algorithms, the window that ends at
+// now + ResetAfter (Redis's clock); for a bucket, which has no windows, the
+// period the decision fell in.
+func (f *fleet) countAllowed(period time.Duration, windows bool) func(*http.Request, httplimit.Event) {
 	p := int64(period)
 	return func(_ *http.Request, e httplimit.Event) {
 		if e.Outcome == httplimit.OutcomeError {
@@ -157,6 +158,10 @@ func (f *fleet) countAllowed(period time.Duration) func(*http.Request, httplimit
 			return
 		}
 		if id, ok := clientIndex(e.Key); ok {
+			if !windows {
+				f.tally.add(id, time.Now().UnixNano()/p)
+				return
+			}
 			end := time.Now().Add(e.Decision.ResetAfter).UnixNano()
 			f.tally.add(id, (end+p/2)/p-1)
 		}

@@ -196,7 +196,7 @@ loop:
 	res.servedLat, res.deniedLat = rec.servedLat, rec.deniedLat
 	slices.Sort(res.servedLat)
 	slices.Sort(res.deniedLat)
-	res.windows = t.summary(cfg.limit)
+	res.windows = t.summary(cfg.bound())
 	res.outsideWindows = t.outside.Load()
 	return res, nil
 }

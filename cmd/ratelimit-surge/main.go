@@ -7,6 +7,7 @@
 //	go run ./cmd/ratelimit-surge                        # embedded miniredis, about a minute
 //	go run ./cmd/ratelimit-surge --redis 127.0.0.1:6379
 //	go run ./cmd/ratelimit-surge --algorithm sliding
+//	go run ./cmd/ratelimit-surge --algorithm token_bucket --burst 2
 //
 // The system: N API instances (real net/http servers on loopback) behind a
 // round-robin httputil.ReverseProxy; each instance calls one shared backend,
@@ -15,12 +16,15 @@
 // a request, with its X-User-Id, after every think time (exponentially
 // distributed), without waiting for the previous answer, the way an app
 // polls on a timer: a surge does not slow down because the backend does. With the limiter each instance runs
-// httplimit keyed by X-User-Id over its own hybrid.Limiter (FixedWindow,
-// strict), and the instances share one quota per client in Redis.
+// httplimit keyed by X-User-Id over its own hybrid.Limiter (FixedWindow
+// unless --algorithm says otherwise, strict), and the instances share one
+// quota per client in Redis.
 //
 // Every request a limiter allows is tallied in the window the limiter
-// counted it in; the report shows the most one client got in one window
-// against the limit (without the limiter, every request reaching an
+// counted it in (for a bucket, which has none, in the period it was
+// decided in); the report shows the most one client got in one window
+// against the bound: the limit for a window algorithm, and burst + rate x
+// window for a bucket (without the limiter, every request reaching an
 // instance counts, by its arrival time).
 //
 // Run with -h for every flag.

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
 
@@ -115,13 +116,49 @@ func TestSurgeCanceled(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second)
 }
 
-// The algorithm is one flag: the hybrid serves both window algorithms and
-// refuses the buckets with a clear error.
+// The algorithm is one flag. The hybrid serves the buckets too: a token
+// bucket run (the seed's limiter: a bucket per rider) against a real
+// redis-server works, and holds every client in every window to the
+// bucket's bound, burst + rate x window. sliding_log, which the hybrid
+// cannot lease, is refused with a clear error.
 func TestSurgeAlgorithm(t *testing.T) {
 	cfg, err := parseArgs([]string{"--algorithm", "sliding"}, io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, "SlidingWindow", cfg.algorithm.String())
-	err = run(context.Background(), append(append([]string{}, small...), "--algorithm", "bucket", "--duration", "100ms"), io.Discard)
+	require.Equal(t, 1, cfg.bound(), "a window's bound is its limit")
+
+	srv := redistest.Standalone(t)
+	cfg, err = parseArgs(append(append([]string{}, small...), "--algorithm", "token_bucket", "--burst", "2", "--redis", srv.Addr()), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, ratelimit.TokenBucket, cfg.algorithm)
+	require.Equal(t, 3, cfg.bound(), "burst 2 + 1 per 2s over a 2s window")
+	var out bytes.Buffer
+	res, err := surge(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	printReport(&out, cfg, res)
+	t.Log("\n" + out.String())
+	wi := res.with
+	require.Positive(t, wi.served)
+	require.Positive(t, wi.denied, "clients send about 1 per second against a refill of 1 per 2s: the bucket must bite")
+	require.Zero(t, wi.outsideWindows)
+	require.Equal(t, wi.requests, wi.served+wi.denied+wi.failed)
+	require.LessOrEqual(t, wi.windows.max, cfg.bound(), "a client got more than burst + rate x window")
+	require.Zero(t, wi.windows.above)
+	require.Greater(t, wi.windows.max, cfg.limit, "the burst lets a client past the refill alone in some window")
+	require.Zero(t, wi.stats.Fallback, "Redis answered in time: no decision from the failure mode")
+	require.EqualValues(t, wi.requests, wi.stats.Decisions, "every request decided once")
+	require.EqualValues(t, wi.stats.Allowed, wi.windows.total, "every allowed request tallied")
+	s := out.String()
+	for _, want := range []string{
+		"limit     a bucket of 2 per client, refilled 1 per 2s, fleet-wide: httplimit over hybrid (TokenBucket, strict)",
+		"allowed per client-window, max (bound 3 = burst 2 + 1 per 2s)",
+		"client-windows above the bound",
+		"(bound 3 = burst 2 + 1 per 2s): held",
+	} {
+		require.Contains(t, s, want)
+	}
+
+	err = run(context.Background(), append(append([]string{}, small...), "--algorithm", "sliding_log", "--duration", "100ms"), io.Discard)
 	require.ErrorContains(t, err, "invalid algorithm")
 }
 
@@ -135,6 +172,11 @@ func TestParseArgs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"a:1", "b:2"}, cfg.redisAddrs)
 
+	cfg, err = parseArgs([]string{"--algorithm", "gcra", "--limit", "10", "--period", "1s", "--burst", "20"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 20}, cfg.rateLimit())
+	require.Equal(t, 30, cfg.bound(), "the seed's rider: burst 20 + 10 per second over a 1s window")
+
 	var help bytes.Buffer
 	_, err = parseArgs([]string{"-h"}, &help)
 	require.True(t, errors.Is(err, flag.ErrHelp))
@@ -142,7 +184,7 @@ func TestParseArgs(t *testing.T) {
 
 	for _, bad := range [][]string{
 		{"--redis", "a:1,,b:2"}, {"--instances", "0"}, {"--instances", "65"}, {"--algorithm", "nope"},
-		{"--limit", "0"}, {"--period", "1ms"}, {"--timeout", "0s"}, {"--prefix", ""}, {"--prefix", "a{b}"},
+		{"--limit", "0"}, {"--burst", "-1"}, {"--burst", "5"}, {"--algorithm", "sliding", "--burst", "5"}, {"--period", "1ms"}, {"--timeout", "0s"}, {"--prefix", ""}, {"--prefix", "a{b}"},
 		{"--workers", "0"}, {"--service", "0s"}, {"--queue-timeout", "0s"}, {"--clients", "0"},
 		{"--think", "0s"}, {"--client-timeout", "0s"}, {"--duration", "0s"}, {"--progress", "0s"},
 		{"--clients", "100000", "--period", "10ms", "--duration", "1h"}, {"extra"}, {"--nope"},

@@ -16,8 +16,22 @@ func printSetup(out io.Writer, cfg config, redisDesc string) {
 	fmt.Fprintf(out, "  API       %d instances behind a round-robin reverse proxy\n", cfg.instances)
 	fmt.Fprintf(out, "  backend   %d workers x %v = %s req/s capacity; 503 after %v waiting for a worker\n",
 		cfg.workers, cfg.service, commas(int64(cfg.capacity())), cfg.queueTimeout)
-	fmt.Fprintf(out, "  limit     %d per client per %v, fleet-wide: httplimit over hybrid (%v, strict), %s\n",
-		cfg.limit, cfg.period, cfg.algorithm, redisDesc)
+	if cfg.algorithm.IsWindow() {
+		fmt.Fprintf(out, "  limit     %d per client per %v, fleet-wide: httplimit over hybrid (%v, strict), %s\n",
+			cfg.limit, cfg.period, cfg.algorithm, redisDesc)
+		return
+	}
+	fmt.Fprintf(out, "  limit     a bucket of %d per client, refilled %d per %v, fleet-wide: httplimit over hybrid (%v, strict), %s\n",
+		cfg.rateLimit().Capacity(cfg.algorithm), cfg.limit, cfg.period, cfg.algorithm, redisDesc)
+}
+
+// boundText says what a client-window is compared with: "limit 1", or for
+// a bucket "bound 30 = burst 20 + 10 per 1s".
+func boundText(cfg config) string {
+	if cfg.algorithm.IsWindow() {
+		return fmt.Sprintf("limit %d", cfg.limit)
+	}
+	return fmt.Sprintf("bound %d = burst %d + %d per %v", cfg.bound(), cfg.rateLimit().Capacity(cfg.algorithm), cfg.limit, cfg.period)
 }
 
 // printReport prints the seed's before/after table and the checks.
@@ -40,9 +54,13 @@ func printReport(out io.Writer, cfg config, res surgeResult) {
 		latency(wi.deniedLat, 0.5)+" / "+latency(wi.deniedLat, 0.99))
 	row(fmt.Sprintf("backend RPS (capacity %s)", commas(int64(cfg.capacity()))),
 		rps(wo.backendServed, wo.elapsed), rps(wi.backendServed, wi.elapsed))
-	row(fmt.Sprintf("allowed per client-window, max (limit %d)", cfg.limit),
+	row(fmt.Sprintf("allowed per client-window, max (%s)", boundText(cfg)),
 		strconv.Itoa(wo.windows.max), strconv.Itoa(wi.windows.max))
-	row("client-windows above the limit", percent(int64(wo.windows.above), int64(wo.windows.active)),
+	above := "client-windows above the limit"
+	if !cfg.algorithm.IsWindow() {
+		above = "client-windows above the bound"
+	}
+	row(above, percent(int64(wo.windows.above), int64(wo.windows.active)),
 		percent(int64(wi.windows.above), int64(wi.windows.active)))
 	tw.Flush()
 
@@ -53,11 +71,11 @@ func printReport(out io.Writer, cfg config, res surgeResult) {
 		percent(wo.failed, wo.requests), percent(wi.failed, wi.requests),
 		rps(wo.backendServed, wo.elapsed), rps(wi.backendServed, wi.elapsed))
 	verdict := "held"
-	if wi.windows.max > cfg.limit {
+	if wi.windows.max > cfg.bound() {
 		verdict = fmt.Sprintf("VIOLATED in %d client-windows", wi.windows.above)
 	}
-	fmt.Fprintf(out, "with the limiter, the most one client got in one window is %d (limit %d): %s\n",
-		wi.windows.max, cfg.limit, verdict)
+	fmt.Fprintf(out, "with the limiter, the most one client got in one window is %d (%s): %s\n",
+		wi.windows.max, boundText(cfg), verdict)
 	s := wi.stats
 	fmt.Fprintf(out, "hybrid: %s decisions (%s allowed, %s denied), %s Redis round trips (%s waited on) carrying %s commands, %s failure-mode decisions, %s flush errors\n",
 		commas(int64(s.Decisions)), commas(int64(s.Allowed)), commas(int64(s.Denied)), commas(int64(s.RoundTrips)),

@@ -82,7 +82,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&o.HTTPAddr, "http", server.DefaultHTTPAddr, "HTTP listen `address` (/v1/check, /metrics, /healthz, /readyz)")
 	fs.StringVar(&o.Prefix, "prefix", service.DefaultPrefix, "Redis key prefix")
 	fs.StringVar(&mode, "mode", "strict", "mode of rules that name none: strict, optimistic or exact")
-	fs.StringVar(&alg, "algorithm", "fixed_window", "algorithm of rules that name none: fixed_window or sliding_window (exact mode also sliding_log, token_bucket, gcra)")
+	fs.StringVar(&alg, "algorithm", "fixed_window", "algorithm of rules that name none: fixed_window, sliding_window, token_bucket or gcra (exact mode also sliding_log)")
 	fs.StringVar(&failure, "failure-mode", "local", "what rules that name none decide when Redis does not answer in time: local, open or closed")
 	fs.DurationVar(&o.Timeout, "timeout", service.DefaultTimeout, "bound of every wait on Redis; a decision never waits longer")
 	fs.DurationVar(&o.SyncInterval, "sync-interval", 0, "how often the hybrid limiters reconcile with Redis (0: the library's default, 100ms)")

@@ -52,7 +52,7 @@ func TestRunRejects(t *testing.T) {
 		{"missing config", []string{"--config", bad + ".nope"}, [2]string{}, "no such file"},
 		{"bad mode", []string{"--config", good, "--mode", "fast"}, [2]string{}, `--mode: unknown mode "fast"`},
 		{"bad algorithm", []string{"--config", good, "--algorithm", "leaky"}, [2]string{}, "--algorithm"},
-		{"bucket without exact", []string{"--config", good, "--algorithm", "gcra", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"}, [2]string{}, "cannot be used with mode strict"},
+		{"log without exact", []string{"--config", good, "--algorithm", "sliding_log", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"}, [2]string{}, "cannot be used with mode strict"},
 		{"bad failure mode", []string{"--config", good, "--failure-mode", "maybe"}, [2]string{}, "--failure-mode"},
 		{"bad deny status", []string{"--config", good, "--deny-status", "200"}, [2]string{}, "--deny-status 200"},
 		{"bad timeout", []string{"--config", good, "--timeout", "0s"}, [2]string{}, "--timeout"},

@@ -151,8 +151,9 @@ type Defaults struct {
 	FailureMode ratelimit.FailureMode
 }
 
-// Rule is one rate_limit block: the limit a matching descriptor is counted
-// against. Rules are read-only once Parse returns them.
+// Rule is one rate_limit block, or one rate_limits list: the limit, or the
+// limits, a matching descriptor is counted against. Rules are read-only
+// once Parse returns them.
 type Rule struct {
 	// ID is the rule's index in Config.Rules.
 	ID int
@@ -186,12 +187,63 @@ type Rule struct {
 	Mode        Mode
 	Algorithm   ratelimit.Algorithm
 	FailureMode ratelimit.FailureMode
+
+	// Limits, for a rate_limits list of two or more limits, holds each of
+	// them in file order, decided together, all or nothing, by one limiter
+	// in Mode with FailureMode; Name, RequestsPerUnit, Unit and Algorithm
+	// are then those of the first, and Replaces those of every item. It is
+	// nil for a rate_limit block (and a list of one limit, which is read as
+	// that block).
+	Limits []RuleLimit
 }
 
-// Limit returns the rule's limit for the library: RequestsPerUnit per Unit.
-// It is meaningful only when the rule is neither Unlimited nor zero.
+// RuleLimit is one limit of a rate_limits list: RequestsPerUnit (at least
+// 1) per Unit, counted with Algorithm.
+type RuleLimit struct {
+	Name            string // the item's name: current_limit.name when this limit is the tightest
+	RequestsPerUnit uint32
+	Unit            Unit
+	Algorithm       ratelimit.Algorithm
+	Line            int // of the item
+}
+
+// Limit returns the limit for the library: RequestsPerUnit per Unit.
+func (l RuleLimit) Limit() ratelimit.Limit {
+	return ratelimit.Limit{Rate: int(l.RequestsPerUnit), Period: l.Unit.Duration()}
+}
+
+// Limit returns the rule's limit for the library: RequestsPerUnit per Unit
+// (the first of Limits for a rule of several). It is meaningful only when
+// the rule is neither Unlimited nor zero.
 func (r *Rule) Limit() ratelimit.Limit {
 	return ratelimit.Limit{Rate: int(r.RequestsPerUnit), Period: r.Unit.Duration()}
+}
+
+// AllLimits returns Limits, or for a rule of one limit that limit: every
+// limit a descriptor of the rule is counted against. It is meaningful only
+// when the rule is neither Unlimited nor zero.
+func (r *Rule) AllLimits() []RuleLimit {
+	if r.Limits != nil {
+		return r.Limits
+	}
+	return []RuleLimit{{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: r.Unit, Algorithm: r.Algorithm, Line: r.Line}}
+}
+
+// Named reports whether the rule, or one limit of its rate_limits list, is
+// named name (a replaces entry naming it replaces the whole rule).
+func (r *Rule) Named(name string) bool {
+	if name == "" {
+		return false
+	}
+	if r.Name == name {
+		return true
+	}
+	for _, l := range r.Limits {
+		if l.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Config is a set of domains read from one or more files.

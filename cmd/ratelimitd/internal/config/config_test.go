@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -244,12 +245,12 @@ descriptors:
   - key: d
     rate_limit: {unit: day, requests_per_unit: 5, mode: strict, failure_mode: open}
 `
-	def := config.Defaults{Mode: config.Exact, Algorithm: ratelimit.TokenBucket, FailureMode: ratelimit.FailOpen}
+	def := config.Defaults{Mode: config.Exact, Algorithm: ratelimit.SlidingLog, FailureMode: ratelimit.FailOpen}
 	c, err := config.Parse(def, config.Source{Name: "x.yaml", Data: []byte(src)})
 	if err == nil {
-		t.Fatalf("rule d takes the default token_bucket with mode strict: want an error, got %d rules", len(c.Rules))
+		t.Fatalf("rule d takes the default sliding_log with mode strict: want an error, got %d rules", len(c.Rules))
 	}
-	if want := "x.yaml:11: mode: algorithm token_bucket needs mode exact"; !strings.Contains(err.Error(), want) {
+	if want := "x.yaml:11: mode: algorithm sliding_log needs mode exact"; !strings.Contains(err.Error(), want) {
 		t.Fatalf("error %q does not say %q", err, want)
 	}
 	def.Algorithm = ratelimit.SlidingWindow
@@ -275,8 +276,45 @@ descriptors:
 			t.Errorf("rule %s: got %+v, want %+v", r.Path, got, wants[i])
 		}
 	}
-	if _, err := config.Parse(config.Defaults{Algorithm: ratelimit.GCRA}, config.Source{Name: "y", Data: []byte(src)}); err == nil {
-		t.Error("default gcra with default mode strict: want an error")
+	if _, err := config.Parse(config.Defaults{Algorithm: ratelimit.SlidingLog}, config.Source{Name: "y", Data: []byte(src)}); err == nil {
+		t.Error("default sliding_log with default mode strict: want an error")
+	}
+}
+
+// The hybrid leases the buckets: token_bucket and gcra take every mode, by
+// name or as the default.
+func TestBucketsInEveryMode(t *testing.T) {
+	src := `
+domain: x
+descriptors:
+  - key: tb_strict
+    rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket}
+  - key: tb_optimistic
+    rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket, mode: optimistic}
+  - key: gcra_strict
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: gcra, mode: strict}
+  - key: gcra_optimistic
+    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: gcra, mode: optimistic}
+  - key: default
+    rate_limit: {unit: minute, requests_per_unit: 20}
+`
+	for _, def := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		c, err := config.Parse(config.Defaults{Algorithm: def}, config.Source{Name: "x.yaml", Data: []byte(src)})
+		if err != nil {
+			t.Fatalf("default %v: %v", def, err)
+		}
+		got := map[string]string{}
+		for _, r := range c.Rules {
+			got[r.Path] = r.Mode.String() + " " + config.AlgorithmName(r.Algorithm)
+		}
+		want := map[string]string{
+			"tb_strict": "strict token_bucket", "tb_optimistic": "optimistic token_bucket",
+			"gcra_strict": "strict gcra", "gcra_optimistic": "optimistic gcra",
+			"default": "strict " + config.AlgorithmName(def),
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("default %v: got %v, want %v", def, got, want)
+		}
 	}
 }
 
@@ -311,7 +349,8 @@ func TestErrors(t *testing.T) {
 		{"share without wildcard", "domain: x\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", "f.yaml:5: share_threshold: only a wildcard value"},
 		{"bad mode", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, mode: fast}\n", `f.yaml:4: mode: unknown mode "fast"`},
 		{"bad algorithm", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n", `f.yaml:4: algorithm: unknown algorithm "leaky"`},
-		{"bucket needs exact", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket}\n", "f.yaml:4: algorithm: algorithm token_bucket needs mode exact"},
+		{"log needs exact", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log}\n", "f.yaml:4: algorithm: algorithm sliding_log needs mode exact"},
+		{"gcra too fast, strict", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 		{"bad failure mode", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: maybe}\n", `f.yaml:4: failure_mode: unknown failure mode "maybe"`},
 		{"metadata not a map", "domain: x\ndescriptors:\n  - key: a\n    metadata: [1]\n", "f.yaml:4: metadata: want a mapping"},
 		{"two documents", "domain: x\n---\ndomain: y\n", "f.yaml:2: a second YAML document"},
@@ -319,19 +358,24 @@ func TestErrors(t *testing.T) {
 		{"gcra too fast", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, mode: exact, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(tc.src)})
-			if err == nil {
-				t.Fatalf("no error; want %q", tc.want)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q\ndoes not contain %q", err, tc.want)
-			}
-			var ce *config.Error
-			if !errors.As(err, &ce) || ce.File != "f.yaml" {
-				t.Fatalf("error %v is not a *config.Error naming the file", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { requireParseError(t, tc.src, tc.want) })
+	}
+}
+
+// requireParseError requires that parsing src as f.yaml fails with a
+// *config.Error naming the file, whose text holds want.
+func requireParseError(t *testing.T, src, want string) {
+	t.Helper()
+	_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(src)})
+	if err == nil {
+		t.Fatalf("no error; want %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q\ndoes not contain %q", err, want)
+	}
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "f.yaml" {
+		t.Fatalf("error %v is not a *config.Error naming the file", err)
 	}
 }
 
@@ -411,4 +455,108 @@ func FuzzParse(f *testing.F) {
 			config.Lookup(c.Domain(name), d("key2", "vx"))
 		}
 	})
+}
+
+// A rate_limits list: several limits on one descriptor, in file order, in
+// one mode and failure mode given on any item; a list of one is a
+// rate_limit block.
+func TestRateLimits(t *testing.T) {
+	c := parse(t, `
+domain: x
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 20, algorithm: token_bucket, name: burst}
+      - {unit: minute, requests_per_unit: 600, failure_mode: closed}
+      - unit: day
+        requests_per_unit: 10000
+        name: daily
+        replaces: [{name: old}]
+  - key: logged
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, algorithm: sliding_log}
+      - {unit: hour, requests_per_unit: 100, mode: exact}
+  - key: one
+    rate_limits:
+      - {unit: minute, requests_per_unit: 7, algorithm: gcra}
+  - key: other
+    rate_limit: {unit: minute, requests_per_unit: 1, name: old}
+`)
+	r := config.Lookup(c.Domain("x"), d("api_key", "k")).Rule
+	if r == nil {
+		t.Fatal("no rule for api_key")
+	}
+	want := []config.RuleLimit{
+		{Name: "burst", RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket, Line: 6},
+		{RequestsPerUnit: 600, Unit: config.Minute, Algorithm: ratelimit.FixedWindow, Line: 7},
+		{Name: "daily", RequestsPerUnit: 10000, Unit: config.Day, Algorithm: ratelimit.FixedWindow, Line: 8},
+	}
+	if fmt.Sprint(r.Limits) != fmt.Sprint(want) || fmt.Sprint(r.AllLimits()) != fmt.Sprint(want) {
+		t.Errorf("limits %+v, want %+v", r.Limits, want)
+	}
+	if r.Mode != config.Strict || r.FailureMode != ratelimit.FailClosed || r.Line != 6 {
+		t.Errorf("mode %v, failure mode %v, line %d", r.Mode, r.FailureMode, r.Line)
+	}
+	if r.Name != "burst" || r.RequestsPerUnit != 20 || r.Unit != config.Second || r.Algorithm != ratelimit.TokenBucket {
+		t.Errorf("the rule's own fields are not its first limit's: %+v", r)
+	}
+	if !r.Named("daily") || !r.Named("burst") || r.Named("") || r.Named("x") || fmt.Sprint(r.Replaces) != "[old]" {
+		t.Errorf("names and replaces: %+v", r)
+	}
+	r = config.Lookup(c.Domain("x"), d("logged", "k")).Rule
+	if len(r.Limits) != 2 || r.Mode != config.Exact || r.Limits[0].Algorithm != ratelimit.SlidingLog {
+		t.Errorf("mode exact from the second item applies to the first: %+v", r)
+	}
+	r = config.Lookup(c.Domain("x"), d("one", "k")).Rule
+	if r.Limits != nil || r.RequestsPerUnit != 7 || r.Unit != config.Minute || r.Algorithm != ratelimit.GCRA || len(r.AllLimits()) != 1 {
+		t.Errorf("a list of one is a rate_limit block: %+v", r)
+	}
+}
+
+// Every bad rate_limits list is an error naming file, line and field.
+func TestRateLimitsErrors(t *testing.T) {
+	head := "domain: x\ndescriptors:\n  - key: a\n"
+	items := func(lines ...string) string {
+		s := head + "    rate_limits:\n"
+		for _, l := range lines {
+			s += "      - " + l + "\n"
+		}
+		return s
+	}
+	nine := make([]string, 9)
+	for i := range nine {
+		nine[i] = fmt.Sprintf("{unit: second, requests_per_unit: %d}", i+1)
+	}
+	for _, tc := range []struct{ name, src, want string }{
+		{"both", head + "    rate_limit: {unit: second, requests_per_unit: 1}\n    rate_limits: [{unit: minute, requests_per_unit: 5}]\n",
+			"f.yaml:5: rate_limits: a descriptor takes rate_limit or rate_limits, not both"},
+		{"not a list", head + "    rate_limits: {unit: second, requests_per_unit: 1}\n", "f.yaml:4: rate_limits: want a list of limits"},
+		{"empty", head + "    rate_limits: []\n", "f.yaml:4: rate_limits: want a list of limits"},
+		{"too many", items(nine...), "f.yaml:5: rate_limits: 9 limits: at most 8 on one descriptor"},
+		{"item not a mapping", items("5"), "f.yaml:5: rate_limits: a limit must be a mapping"},
+		{"missing unit", items("{requests_per_unit: 5}"), "f.yaml:5: unit: missing"},
+		{"missing rpu", items("{unit: second}"), "f.yaml:5: requests_per_unit: missing"},
+		{"zero", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 0}"), "f.yaml:6: requests_per_unit: 0 in rate_limits"},
+		{"unlimited", items("{unlimited: true}"), "f.yaml:5: unlimited: a limit of rate_limits cannot be unlimited"},
+		{"unknown field", items("{unit: second, requests_per_unit: 1, burst: 5}"), "f.yaml:5: burst: unknown field"},
+		{"bad unit", items("{unit: fortnight, requests_per_unit: 1}"), `f.yaml:5: unit: unknown unit "fortnight"`},
+		{"two modes", items("{unit: second, requests_per_unit: 1, mode: strict}", "{unit: day, requests_per_unit: 5, mode: exact}"),
+			"f.yaml:6: mode: mode exact, but line 5 says strict: the limits of one descriptor are decided together"},
+		{"two failure modes", items("{unit: second, requests_per_unit: 1, failure_mode: open}", "{unit: day, requests_per_unit: 5, failure_mode: closed}"),
+			"f.yaml:6: failure_mode: failure mode closed, but line 5 says open"},
+		{"same algorithm and unit", items("{unit: minute, requests_per_unit: 10}", "{unit: day, requests_per_unit: 100}", "{unit: minute, requests_per_unit: 20}"),
+			"f.yaml:7: rate_limits: a second fixed_window limit per minute (first on line 5): merge them into one"},
+		{"log needs exact", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 5, algorithm: sliding_log}"),
+			"f.yaml:6: algorithm: algorithm sliding_log needs mode exact"},
+		{"too large", items("{unit: second, requests_per_unit: 1}", "{unit: day, requests_per_unit: 1000000000}"),
+			"f.yaml:6: requests_per_unit: 1000000000 per day cannot be enforced"},
+		{"gcra too fast", items("{unit: second, requests_per_unit: 2000000, algorithm: gcra}", "{unit: day, requests_per_unit: 5}"),
+			"f.yaml:5: requests_per_unit: gcra needs at most one request per microsecond"},
+		{"a name twice", items("{unit: second, requests_per_unit: 1, name: n}", "{unit: day, requests_per_unit: 5, name: n}"),
+			`f.yaml:6: name: the name "n" is already given on line 5`},
+		{"replaces itself", items("{unit: second, requests_per_unit: 1, name: n}", "{unit: day, requests_per_unit: 5, replaces: [{name: n}]}"),
+			`f.yaml:6: replaces: a rule cannot replace itself (name "n")`},
+	} {
+		t.Run(tc.name, func(t *testing.T) { requireParseError(t, tc.src, tc.want) })
+	}
 }

@@ -19,10 +19,29 @@
 // shadow_mode, quota_mode, detailed_metric, value_to_metric,
 // share_threshold, metadata (accepted, not used) and nested descriptors.
 // The extensions live in the rate_limit block: algorithm (fixed_window, the
-// default, or sliding_window; exact mode also takes sliding_log, token_bucket
-// and gcra), mode (strict, optimistic or exact) and failure_mode (local, open
-// or closed). A rule that does not name them gets the Defaults given to
+// default, sliding_window, token_bucket or gcra; exact mode also takes
+// sliding_log), mode (strict, optimistic or exact) and failure_mode (local,
+// open or closed). A rule that does not name them gets the Defaults given to
 // Parse.
+//
+// A descriptor may also take rate_limits instead of rate_limit: a list of
+// up to ratelimit.MaxLimits limits, each {unit, requests_per_unit,
+// algorithm, name}, all enforced on the descriptor together, all or
+// nothing (a hit one limit denies is counted by none):
+//
+//	descriptors:
+//	  - key: api_key
+//	    rate_limits:
+//	      - {unit: second, requests_per_unit: 20, algorithm: token_bucket, name: burst}
+//	      - {unit: minute, requests_per_unit: 600}
+//	      - {unit: day, requests_per_unit: 10000, mode: exact}
+//
+// One limiter decides them, so they share one mode and one failure mode,
+// given on any item (the same wherever given); replaces may be given on any
+// item, and a replaces naming any item's name replaces the whole rule. Two
+// limits of one algorithm and unit, requests_per_unit 0 and unlimited are
+// errors in a list; a list of one limit is a rate_limit block. The rule's
+// Limits lists them (see Rule).
 //
 // Matching follows envoyproxy/ratelimit: at each level of a request's
 // descriptor, an entry matches the descriptor with the same key and value

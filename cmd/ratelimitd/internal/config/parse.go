@@ -46,7 +46,7 @@ const maxErrors = 20
 
 var (
 	rootFields       = set("domain", "descriptors")
-	descriptorFields = set("key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
+	descriptorFields = set("key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata")
 	rateLimitFields = set("unit", "requests_per_unit", "unlimited", "name", "replaces",
 		"algorithm", "mode", "failure_mode")
@@ -72,7 +72,7 @@ func Parse(d Defaults, srcs ...Source) (*Config, error) {
 		return nil, fmt.Errorf("invalid defaults %+v", d)
 	}
 	if d.Mode != Exact && !hybridAlgorithm(d.Algorithm) {
-		return nil, fmt.Errorf("default algorithm %s cannot be used with mode %s (only exact mode takes it)", AlgorithmName(d.Algorithm), d.Mode)
+		return nil, fmt.Errorf("default algorithm %s cannot be used with mode %s (only exact mode takes it: the hybrid leases fixed_window, sliding_window, token_bucket and gcra)", AlgorithmName(d.Algorithm), d.Mode)
 	}
 	c := &Config{domains: map[string]*Domain{}}
 	var errs []error
@@ -103,8 +103,11 @@ func Parse(d Defaults, srcs ...Source) (*Config, error) {
 	return c, nil
 }
 
+// hybridAlgorithm reports whether the hybrid limiter (modes strict and
+// optimistic) serves a: every algorithm but sliding_log, whose log of
+// timestamps cannot be leased in slices.
 func hybridAlgorithm(a ratelimit.Algorithm) bool {
-	return a == ratelimit.FixedWindow || a == ratelimit.SlidingWindow
+	return a.Valid() && a != ratelimit.SlidingLog
 }
 
 type parser struct {
@@ -290,9 +293,11 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, ident string, v2m
 func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m bool, seen map[pair]int) {
 	d := &node{line: n.Line}
 	d.init()
-	var rl, children, keyNode, shareNode *yaml.Node
+	var rl, rls, rlsKey, children, keyNode, shareNode *yaml.Node
 	for _, f := range p.fields(n, descriptorFields) {
 		switch f.name {
+		case "rate_limits":
+			rls, rlsKey = f.val, f.key
 		case "key":
 			d.key, _ = p.str(f.val, "key")
 			keyNode = f.key
@@ -346,32 +351,36 @@ func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m 
 	path += seg
 	ident += "\x00" + d.key + "\x01" + d.value
 	v2m = v2m || d.valueToMetric
-	if rl != nil && !isNull(rl) {
+	switch {
+	case rl != nil && !isNull(rl) && rls != nil && !isNull(rls):
+		p.fail(rlsKey, "rate_limits", "a descriptor takes rate_limit or rate_limits, not both")
+	case rl != nil && !isNull(rl):
 		d.rule = p.rateLimit(rl, d, path, ident)
-		if d.rule != nil {
-			d.rule.ValuesInLabel = d.detailed || v2m
-		}
+	case rls != nil && !isNull(rls):
+		d.rule = p.rateLimits(rls, d, path, ident)
+	}
+	if d.rule != nil {
+		d.rule.ValuesInLabel = d.detailed || v2m
 	}
 	p.descriptors(d, children, path, ident, v2m)
 	parent.add(d)
 }
 
-func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
-	if n.Kind != yaml.MappingNode {
-		p.fail(n, "rate_limit", "want a mapping, got %s", kind(n))
-		return nil
-	}
-	r := &Rule{
-		Domain: p.domain, Path: path, Ident: ident, File: p.file, Line: n.Line,
-		ShadowMode: d.shadow, QuotaMode: d.quota, DetailedMetric: d.detailed,
-		Mode: p.defaults.Mode, Algorithm: p.defaults.Algorithm, FailureMode: p.defaults.FailureMode,
-	}
-	before := len(p.errs)
-	var unitNode, rpuNode, algNode, modeNode, replacesNode *yaml.Node
+// limitNodes are where the fields of one rate_limit block, or of one item
+// of a rate_limits list, are, for errors; nil when absent.
+type limitNodes struct {
+	block                                  *yaml.Node
+	unit, rpu, alg, mode, failure, replace *yaml.Node
+}
+
+// readLimit reads the fields of a rate_limit block or a rate_limits item
+// into r, which holds the defaults.
+func (p *parser) readLimit(n *yaml.Node, r *Rule) limitNodes {
+	at := limitNodes{block: n}
 	for _, f := range p.fields(n, rateLimitFields) {
 		switch f.name {
 		case "unit":
-			unitNode = f.key
+			at.unit = f.key
 			if s, ok := p.str(f.val, "unit"); ok {
 				u, valid := ParseUnit(s)
 				if !valid {
@@ -380,7 +389,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 				r.Unit = u
 			}
 		case "requests_per_unit":
-			rpuNode = f.key
+			at.rpu = f.key
 			var v int64
 			if f.val.Kind != yaml.ScalarNode || f.val.Decode(&v) != nil || v < 0 || v > 1<<32-1 {
 				p.fail(f.val, "requests_per_unit", "want a whole number from 0 to 4294967295, got %s", kind(f.val))
@@ -391,10 +400,10 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 		case "name":
 			r.Name, _ = p.str(f.val, "name")
 		case "replaces":
-			replacesNode = f.key
+			at.replace = f.key
 			r.Replaces = p.replaces(f.val)
 		case "algorithm":
-			algNode = f.val
+			at.alg = f.val
 			if s, ok := p.str(f.val, "algorithm"); ok {
 				a, err := ParseAlgorithm(s)
 				if err != nil {
@@ -403,7 +412,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 				r.Algorithm = a
 			}
 		case "mode":
-			modeNode = f.val
+			at.mode = f.val
 			if s, ok := p.str(f.val, "mode"); ok {
 				m, err := ParseMode(s)
 				if err != nil {
@@ -412,6 +421,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 				r.Mode = m
 			}
 		case "failure_mode":
+			at.failure = f.val
 			if s, ok := p.str(f.val, "failure_mode"); ok {
 				fm, err := ParseFailureMode(s)
 				if err != nil {
@@ -421,42 +431,167 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 			}
 		}
 	}
+	return at
+}
+
+// checkLimit reports whether r's limit (RequestsPerUnit per Unit, counted
+// with Algorithm in Mode) can be enforced, failing with the field at fault
+// when not.
+func (p *parser) checkLimit(r *Rule, at limitNodes) bool {
+	if r.Mode != Exact && !hybridAlgorithm(r.Algorithm) {
+		n, fieldName := at.alg, "algorithm"
+		if n == nil {
+			n, fieldName = at.mode, "mode"
+		}
+		if n == nil {
+			n = at.block
+		}
+		p.fail(n, fieldName, "algorithm %s needs mode exact (strict and optimistic lease fixed_window, sliding_window, token_bucket or gcra)", AlgorithmName(r.Algorithm))
+		return false
+	}
+	if r.Unlimited || r.RequestsPerUnit == 0 {
+		return true
+	}
+	l := r.Limit()
+	if err := l.Validate(); err != nil {
+		p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
+		return false
+	}
+	if r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
+		p.fail(at.rpu, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
+		return false
+	}
+	return true
+}
+
+func (p *parser) newRule(n *yaml.Node, d *node, path, ident string) *Rule {
+	return &Rule{
+		Domain: p.domain, Path: path, Ident: ident, File: p.file, Line: n.Line,
+		ShadowMode: d.shadow, QuotaMode: d.quota, DetailedMetric: d.detailed,
+		Mode: p.defaults.Mode, Algorithm: p.defaults.Algorithm, FailureMode: p.defaults.FailureMode,
+	}
+}
+
+func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "rate_limit", "want a mapping, got %s", kind(n))
+		return nil
+	}
+	r := p.newRule(n, d, path, ident)
+	before := len(p.errs)
+	at := p.readLimit(n, r)
 	for _, name := range r.Replaces {
 		if name == r.Name {
-			p.fail(replacesNode, "replaces", "a rule cannot replace itself (name %q)", name)
+			p.fail(at.replace, "replaces", "a rule cannot replace itself (name %q)", name)
 		}
 	}
 	switch {
 	case r.Unlimited:
-		if unitNode != nil && r.Unit != UnitUnknown {
-			p.fail(unitNode, "unit", "an unlimited rule takes no unit")
+		if at.unit != nil && r.Unit != UnitUnknown {
+			p.fail(at.unit, "unit", "an unlimited rule takes no unit")
 		}
-	case unitNode == nil:
+	case at.unit == nil:
 		p.fail(n, "unit", "missing (want second, minute, hour, day, week, month or year)")
-	case rpuNode == nil:
+	case at.rpu == nil:
 		p.fail(n, "requests_per_unit", "missing (0 denies every request; unlimited: true allows every request)")
+	}
+	if len(p.errs) > before || !p.checkLimit(r, at) {
+		return nil
+	}
+	p.rules = append(p.rules, r)
+	return r
+}
+
+// rateLimits reads a rate_limits list: several limits on one descriptor,
+// decided together by one limiter, so they share one mode and one failure
+// mode (given on any item, the same wherever given).
+func (p *parser) rateLimits(n *yaml.Node, d *node, path, ident string) *Rule {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		p.fail(n, "rate_limits", "want a list of limits {unit, requests_per_unit, ...}, got %s", kind(n))
+		return nil
+	}
+	if len(n.Content) > ratelimit.MaxLimits {
+		p.fail(n, "rate_limits", "%d limits: at most %d on one descriptor", len(n.Content), ratelimit.MaxLimits)
+		return nil
+	}
+	r := p.newRule(n, d, path, ident)
+	before := len(p.errs)
+	items := make([]Rule, len(n.Content))
+	nodes := make([]limitNodes, len(n.Content))
+	var modeAt, failureAt *yaml.Node // the first item that names each
+	for i, item := range n.Content {
+		item = deref(item)
+		if item.Kind != yaml.MappingNode {
+			p.fail(item, "rate_limits", "a limit must be a mapping {unit, requests_per_unit, ...}, got %s", kind(item))
+			continue
+		}
+		it := &items[i]
+		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line}
+		at := p.readLimit(item, it) // unlimited is read, to be refused clearly
+		nodes[i] = at
+		switch {
+		case it.Unlimited:
+			p.fail(item, "unlimited", "a limit of rate_limits cannot be unlimited (write rate_limit: {unlimited: true})")
+		case at.unit == nil:
+			p.fail(item, "unit", "missing (want second, minute, hour, day, week, month or year)")
+		case at.rpu == nil:
+			p.fail(item, "requests_per_unit", "missing")
+		case it.RequestsPerUnit == 0:
+			p.fail(at.rpu, "requests_per_unit", "0 in rate_limits (write rate_limit: {requests_per_unit: 0} to deny every request)")
+		}
+		if at.mode != nil {
+			if modeAt == nil {
+				modeAt, r.Mode = at.mode, it.Mode
+			} else if it.Mode != r.Mode {
+				p.fail(at.mode, "mode", "mode %s, but line %d says %s: the limits of one descriptor are decided together, in one mode", it.Mode, modeAt.Line, r.Mode)
+			}
+		}
+		if at.failure != nil {
+			if failureAt == nil {
+				failureAt, r.FailureMode = at.failure, it.FailureMode
+			} else if it.FailureMode != r.FailureMode {
+				p.fail(at.failure, "failure_mode", "failure mode %s, but line %d says %s: the limits of one descriptor are decided together, with one failure mode", it.FailureMode, failureAt.Line, r.FailureMode)
+			}
+		}
+		r.Replaces = append(r.Replaces, it.Replaces...)
 	}
 	if len(p.errs) > before {
 		return nil
 	}
-	if r.Mode != Exact && !hybridAlgorithm(r.Algorithm) {
-		at, fieldName := algNode, "algorithm"
-		if at == nil {
-			at, fieldName = modeNode, "mode"
+	for i := range items {
+		it, at := &items[i], nodes[i]
+		it.Mode = r.Mode
+		if !p.checkLimit(it, at) {
+			continue
 		}
-		p.fail(at, fieldName, "algorithm %s needs mode exact (strict and optimistic lease fixed_window or sliding_window)", AlgorithmName(r.Algorithm))
+		for j := range i {
+			if items[j].Algorithm == it.Algorithm && items[j].Unit == it.Unit {
+				p.fail(at.block, "rate_limits", "a second %s limit per %s (first on line %d): merge them into one", AlgorithmName(it.Algorithm), strings.ToLower(it.Unit.String()), items[j].Line)
+				break
+			}
+		}
+		for j := range i {
+			if it.Name != "" && items[j].Name == it.Name {
+				p.fail(at.block, "name", "the name %q is already given on line %d", it.Name, items[j].Line)
+				break
+			}
+		}
+		r.Limits = append(r.Limits, RuleLimit{Name: it.Name, RequestsPerUnit: it.RequestsPerUnit, Unit: it.Unit, Algorithm: it.Algorithm, Line: it.Line})
+	}
+	for i := range items {
+		for _, name := range items[i].Replaces {
+			if r.Named(name) {
+				p.fail(nodes[i].replace, "replaces", "a rule cannot replace itself (name %q)", name)
+			}
+		}
+	}
+	if len(p.errs) > before {
 		return nil
 	}
-	if !r.Unlimited && r.RequestsPerUnit > 0 {
-		l := r.Limit()
-		if err := l.Validate(); err != nil {
-			p.fail(rpuNode, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
-			return nil
-		}
-		if r.Mode == Exact && r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
-			p.fail(rpuNode, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
-			return nil
-		}
+	first := r.Limits[0]
+	r.Name, r.RequestsPerUnit, r.Unit, r.Algorithm = first.Name, first.RequestsPerUnit, first.Unit, first.Algorithm
+	if len(r.Limits) == 1 {
+		r.Limits = nil // one limit: as a rate_limit block
 	}
 	p.rules = append(p.rules, r)
 	return r

@@ -7,7 +7,8 @@ package server_test
 //	go test -run '^$' -bench ShouldRateLimit -benchtime 20000x ./internal/server/
 //
 // Sub-benchmarks: mode (strict: the hybrid; exact: one Redis call per
-// request) x keys (one hot key; 10,000 keys, used round-robin) x clients
+// request; strict_multi and exact_multi: the same with three limits per
+// descriptor, a rate_limits list) x keys (one hot key; 10,000 keys, used round-robin) x clients
 // (concurrent callers sharing 4 connections). Each reports calls/s, p50 and
 // p99 latency in microseconds, Redis round trips per 1,000 calls (counted
 // by a hook on ratelimitd's Redis client: every command and pipeline of its
@@ -144,7 +145,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	b.Cleanup(func() { ours.redis.Close() })
 	ours.roundTrips = srv.srv.Service().RoundTrips
 	ours.cpu, ours.cpuWhat = selfCPU, "client+server"
-	ours.rules = []string{"strict", "exact"}
+	ours.rules = []string{"strict", "exact", "strict_multi", "exact_multi"}
 	targets := []*benchTarget{ours}
 	if addr := os.Getenv("RLBENCH_PEER"); addr != "" {
 		name := os.Getenv("RLBENCH_PEER_NAME")

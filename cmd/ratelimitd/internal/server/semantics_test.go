@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 4, mode: optimistic}
   - key: sliding
     rate_limit: {unit: minute, requests_per_unit: 4, algorithm: sliding_window}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: token_bucket}
+  - key: gcra
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: gcra}
+  - key: optimistic_bucket
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: token_bucket, mode: optimistic}
 `
 
 // TestDescriptorSemantics checks the answers of envoyproxy/ratelimit's
@@ -121,20 +128,36 @@ func TestDescriptorSemantics(t *testing.T) {
 				}
 			}
 			s.expect("optimistic: the limit, plus at most its share", allowed >= 4 && allowed <= 5, true)
-			for _, key := range []string{"exact_fw", "exact_sw", "exact_log", "exact_bucket", "exact_gcra", "sliding", "a"} {
+			allowed = 0
+			for range 8 {
+				if codes(d.call(t, rq("sem", desc("optimistic_bucket", "x")))) == "OK:OK" {
+					allowed++
+				}
+			}
+			s.expect("optimistic bucket: the burst, plus at most its share", allowed >= 4 && allowed <= 5, true)
+			for _, key := range []string{"exact_fw", "exact_sw", "exact_log", "exact_bucket", "exact_gcra", "sliding", "a", "bucket", "gcra"} {
 				req := rq("sem", desc(key, "x"))
 				n := 4
 				if key == "a" {
 					n = 5
 				}
+				bucket := strings.Contains(key, "bucket") || strings.Contains(key, "gcra")
 				for i := range n {
 					r := d.call(t, req)
 					s.expect(key+" within", codes(r), "OK:OK")
-					if key != "exact_gcra" && key != "exact_bucket" { // buckets report whole tokens refilled meanwhile
+					if !bucket { // buckets report whole tokens refilled meanwhile
 						s.expect(key+" remaining", r.Statuses[0].LimitRemaining, uint32(n-1-i))
 					}
 				}
-				s.expect(key+" over", codes(d.call(t, req)), "OVER_LIMIT:OVER_LIMIT")
+				r := d.call(t, req)
+				s.expect(key+" over", codes(r), "OVER_LIMIT:OVER_LIMIT")
+				// A window ends, and a bucket of requests_per_unit refills,
+				// within the unit.
+				reset := r.Statuses[0].DurationUntilReset.AsDuration()
+				s.expect(key+" over: reset within the minute", reset >= time.Second && reset <= time.Minute, true)
+				if bucket { // empty, it is full again about a minute later
+					s.expect(key+" over: reset when the bucket is full", reset >= 45*time.Second, true)
+				}
 			}
 			before := d.srv.Service().RoundTrips()
 			for range 10 {

@@ -87,7 +87,7 @@ func (it *item) limitPB() *pb.RateLimitResponse_RateLimit {
 	if it.ovr != nil {
 		return it.ovr.limit
 	}
-	return it.rs.limit
+	return it.rs.limitFor(it.dec)
 }
 
 func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
@@ -139,7 +139,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	if len(replaced) > 0 { // a replaced rule is not evaluated
 		for i := range items {
-			if r := items[i].rule(); r != nil && items[i].ovr == nil && r.Name != "" && slices.Contains(replaced, r.Name) {
+			if r := items[i].rule(); r != nil && items[i].ovr == nil && slices.ContainsFunc(replaced, r.Named) {
 				items[i].rs = nil
 			}
 		}
@@ -181,13 +181,48 @@ func (s *Service) prepare(domain string, it *item) bool {
 	case r.RequestsPerUnit == 0 || it.hits > uint64(r.RequestsPerUnit):
 		// Nothing can be admitted: requests_per_unit 0 denies everything,
 		// and more hits than the limit could never fit in a window.
-		it.dec = ratelimit.Decision{ResetAfter: untilWindowEnd(r.Unit.Duration())}
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+		it.call = false
+		return false
+	case r.Limits != nil && it.hits > uint64(minRequestsPerUnit(r.Limits)):
+		// More hits than one of the rule's limits could ever take.
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
 		it.call = false
 		return false
 	}
 	it.call = true
 	it.key = counterKey(domain, it.desc.GetEntries(), it.shared)
 	return true
+}
+
+// deniedUncounted is the decision on hits a rule cannot count: against
+// its one limit (requests_per_unit rpu per unit, with alg), or among its
+// limits the first that hits exceed, or else (the failure mode's share is
+// smaller than the limits) the one of fewest requests per unit.
+func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, alg ratelimit.Algorithm, hits uint64) ratelimit.Decision {
+	if len(limits) > 0 {
+		k := 0
+		for i, l := range limits {
+			if hits > uint64(l.RequestsPerUnit) {
+				k = i
+				break
+			}
+			if l.RequestsPerUnit < limits[k].RequestsPerUnit {
+				k = i
+			}
+		}
+		rpu, unit, alg = limits[k].RequestsPerUnit, limits[k].Unit, limits[k].Algorithm
+	}
+	p := unit.Duration()
+	return ratelimit.Decision{Limit: ratelimit.Limit{Rate: int(rpu), Period: p}, Algorithm: alg, ResetAfter: untilWindowEnd(p)}
+}
+
+func minRequestsPerUnit(limits []config.RuleLimit) uint32 {
+	m := limits[0].RequestsPerUnit
+	for _, l := range limits[1:] {
+		m = min(m, l.RequestsPerUnit)
+	}
+	return m
 }
 
 func untilWindowEnd(p time.Duration) time.Duration {
@@ -304,7 +339,8 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 			switch err := it.err; {
 			case errors.Is(err, ratelimit.ErrInvalidN):
 				// more hits than the fallback's share can ever admit
-				it.dec = ratelimit.Decision{ResetAfter: untilWindowEnd(it.rule().Unit.Duration())}
+				r := it.rule()
+				it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
 			case err != nil:
 				return nil, decisionError(err)
 			}
@@ -358,9 +394,13 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 // without one.
 func (s *Service) statusOf(it *item) *pb.RateLimitResponse_DescriptorStatus {
 	r := it.rule()
+	unit := it.dec.Limit.Period // of the limit the decision describes, the tightest of several
+	if unit <= 0 {
+		unit = r.Unit.Duration()
+	}
 	st := &pb.RateLimitResponse_DescriptorStatus{
 		CurrentLimit:       it.limitPB(),
-		DurationUntilReset: durationpb.New(ceilSecond(it.dec.ResetAfter, it.dec.RetryAfter)),
+		DurationUntilReset: durationpb.New(resetOf(it.dec.ResetAfter, it.dec.RetryAfter, unit)),
 	}
 	switch {
 	case it.dec.Allowed:
@@ -377,10 +417,14 @@ func (s *Service) statusOf(it *item) *pb.RateLimitResponse_DescriptorStatus {
 	return st
 }
 
-// ceilSecond is the time until reset in whole seconds, rounded up, as
-// envoyproxy/ratelimit reports it (never 0 for a counted limit).
-func ceilSecond(reset, retry time.Duration) time.Duration {
-	d := max(reset, retry)
+// resetOf is a status's duration_until_reset: the later of a decision's
+// reset and retry, in whole seconds rounded up, as envoyproxy/ratelimit
+// reports it (never 0 for a counted limit), and at most the limit's unit:
+// a window ends, and a bucket of requests_per_unit refills, within it (a
+// longer figure from a limiter is wrong, and must not overflow into a
+// short one).
+func resetOf(reset, retry, unit time.Duration) time.Duration {
+	d := min(max(reset, retry), unit)
 	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
 }
 

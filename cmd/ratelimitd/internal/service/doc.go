@@ -15,6 +15,16 @@
 // equal to the number of processes. Strict and exact rules of the same limit
 // share a prefix, so a rule moved between the two keeps its counts.
 //
+// A rule of several limits (rate_limits) gets one multi-limit limiter
+// (hybrid.NewMulti, or global.NewMulti in mode exact) per distinct (mode,
+// list of limits with their algorithms, failure mode), whose prefix joins
+// the limits with '+'. A descriptor is admitted only when every limit
+// admits it, and a hit one limit denies is counted by none; its status
+// describes the tightest limit (current_limit, limit_remaining and
+// duration_until_reset as for a rule of one limit), as ratelimit.Combine
+// chooses it: the least remaining when admitted, and when denied the
+// denying limit that frees last.
+//
 // # Reload
 //
 // Apply installs a new Config atomically: a request sees the old rules or

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -62,7 +63,43 @@ func TestSignaturePrefix(t *testing.T) {
 	if got := signatureOf(r).String(); got != "strict fixed_window 101/60s local" {
 		t.Fatalf("signature %q", got)
 	}
-	if ceilSecond(1500*time.Millisecond, 0) != 2*time.Second || ceilSecond(0, 0) != time.Second || ceilSecond(time.Minute, 0) != time.Minute {
-		t.Fatal("ceilSecond")
+	for _, c := range []struct{ reset, retry, unit, want time.Duration }{
+		{1500 * time.Millisecond, 0, time.Minute, 2 * time.Second},
+		{0, 0, time.Minute, time.Second},
+		{time.Minute, 0, time.Minute, time.Minute},
+		{time.Second, 30 * time.Second, time.Minute, 30 * time.Second},
+		{time.Duration(math.MaxInt64), 0, time.Minute, time.Minute}, // no overflow into a short reset
+		{2 * time.Hour, time.Hour, 24 * time.Hour, 2 * time.Hour},
+	} {
+		if got := resetOf(c.reset, c.retry, c.unit); got != c.want {
+			t.Errorf("resetOf(%v, %v, %v) = %v, want %v", c.reset, c.retry, c.unit, got, c.want)
+		}
+	}
+}
+
+// A rule of several limits has one signature for the whole list, in order:
+// its limiter's prefix and name join the limits with '+'; the same list is
+// the same limiter, another list (or order, or mode) another.
+func TestSignatureSeveralLimits(t *testing.T) {
+	r := &config.Rule{Limits: []config.RuleLimit{
+		{RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket},
+		{RequestsPerUnit: 600, Unit: config.Minute, Algorithm: ratelimit.FixedWindow},
+	}}
+	sig := signatureOf(r)
+	if got := sig.prefix("p"); got != "p:token_bucket:20:1000ms+fixed_window:600:60000ms:s-local" {
+		t.Errorf("prefix %q", got)
+	}
+	if got := sig.String(); got != "strict token_bucket 20/1s + fixed_window 600/60s local" {
+		t.Errorf("name %q", got)
+	}
+	same := &config.Rule{Limits: append([]config.RuleLimit(nil), r.Limits...)}
+	swapped := &config.Rule{Limits: []config.RuleLimit{r.Limits[1], r.Limits[0]}}
+	exact := &config.Rule{Limits: r.Limits, Mode: config.Exact}
+	single := &config.Rule{RequestsPerUnit: 20, Unit: config.Second, Algorithm: ratelimit.TokenBucket}
+	if signatureOf(same) != sig || signatureOf(swapped) == sig || signatureOf(exact) == sig || signatureOf(single) == sig {
+		t.Error("signatures of rules of several limits")
+	}
+	if signatureOf(exact).prefix("p") != sig.prefix("p") {
+		t.Error("strict and exact of the same limits must share a prefix")
 	}
 }

@@ -135,8 +135,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Unlock()
 	for _, e := range ents {
 		name := e.sig.String()
-		if e.hyb != nil {
-			st := e.hyb.Stats()
+		if st, ok := e.hybridStats(); ok {
 			fallback += st.Fallback
 			local += st.LocalDecisions
 			leases += st.Leases
@@ -144,8 +143,11 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(st.Instances), name)
 			ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(st.Degraded), name)
 		} else {
-			fallback += e.glob.FallbackDecisions()
-			ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(e.glob.Degraded()), name)
+			fb, degraded, known := e.globalState()
+			fallback += fb
+			if known {
+				ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(degraded), name)
+			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(fallbackDesc, prometheus.CounterValue, float64(fallback))

@@ -102,11 +102,25 @@ type snapshot struct {
 }
 
 type ruleState struct {
-	rule  *config.Rule
-	ent   *entry                          // nil: unlimited, or requests_per_unit 0
-	limit *pb.RateLimitResponse_RateLimit // current_limit of every status; shared, never modified
-	ctr   [nResults]prometheus.Counter    // decisions by result, under the rule's static label
-	hits  prometheus.Counter
+	rule   *config.Rule
+	ent    *entry                            // nil: unlimited, or requests_per_unit 0
+	limit  *pb.RateLimitResponse_RateLimit   // current_limit of every status; shared, never modified
+	limits []*pb.RateLimitResponse_RateLimit // for a rule of several limits, each one's (limit is the first's)
+	ctr    [nResults]prometheus.Counter      // decisions by result, under the rule's static label
+	hits   prometheus.Counter
+}
+
+// limitFor returns the current_limit of a status of decision d: for a rule
+// of several limits, that of the limit d describes (the tightest), found
+// by its algorithm and period, which are distinct per rule. The Rate of d
+// may be a failure mode's share, so it is not compared.
+func (rs *ruleState) limitFor(d ratelimit.Decision) *pb.RateLimitResponse_RateLimit {
+	for i, l := range rs.rule.Limits {
+		if l.Algorithm == d.Algorithm && l.Unit.Duration() == d.Limit.Period {
+			return rs.limits[i]
+		}
+	}
+	return rs.limit
 }
 
 // New returns a Service with no rules: it answers Unavailable until Apply.
@@ -188,6 +202,13 @@ func (s *Service) Apply(cfg *config.Config) error {
 		}
 		rs.limit = &pb.RateLimitResponse_RateLimit{
 			Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(r.Unit),
+		}
+		for i, l := range r.Limits {
+			pl := rs.limit
+			if i > 0 {
+				pl = &pb.RateLimitResponse_RateLimit{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: pb.RateLimitResponse_RateLimit_Unit(l.Unit)}
+			}
+			rs.limits = append(rs.limits, pl)
 		}
 		if r.RequestsPerUnit == 0 {
 			continue
