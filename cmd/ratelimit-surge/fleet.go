@@ -52,7 +52,8 @@ func startFleet(cfg config, newClient func() redis.UniversalClient, prefix strin
 	}()
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := f.backend.do(r.Context()); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			// A fixed text: a server's own error strings are not for clients.
+			http.Error(w, "service unavailable", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, `{"ride":"matched"}`)

@@ -70,7 +70,9 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request) {
 	}
 	out, err := protojson.Marshal(resp)
 	if err != nil {
-		jsonError(w, http.StatusInternalServerError, err.Error())
+		// Logged here, not sent: the client gets no internal error text.
+		s.log.Error("cannot encode a response", "error", err)
+		jsonError(w, http.StatusInternalServerError, "internal error")
 		return
 	}
 	for _, h := range resp.ResponseHeadersToAdd {
