@@ -176,7 +176,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 		}
 		c.retireLease(l, h.moot(l.idx, mono))
 	}
-	if l := c.next; l != nil && (dead || draining || mono-lastUse >= gap) {
+	if l := c.next; l != nil && (dead || draining || mono-lastUse >= max(gap, h.periodNS)) {
 		c.next = nil
 		c.retireLease(l, h.moot(l.idx, mono))
 	}
@@ -200,14 +200,15 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 	// In use in this window or the last, and not quiet for longer than a
 	// key of its rate stays quiet: a key used a couple of times a window
 	// may not have been used yet this window when its lead comes.
-	active := (c.asked > 0 || c.prevAsked > 0) && mono-lastUse < max(gap, idlePeriods*h.periodNS)
+	inUse := (c.asked > 0 || c.prevAsked > 0) && mono-lastUse < max(gap, idlePeriods*h.periodNS)
+	active := inUse
 	if c.asked > 0 || c.prevAsked == 0 {
 		active = active && mono-lastUse < gap
 	}
-	if active && !dead && !draining && h.brk.State() != breaker.Open {
+	if inUse && !dead && !draining && h.brk.State() != breaker.Open {
 		blocked := mono < c.blockedUntil.Load()
 		switch {
-		case blocked:
+		case blocked, !active:
 		case cur == nil || !cur.known:
 			if !quiet {
 				// In use without quota of its own (its lease ran out, or it
@@ -218,7 +219,14 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 			// about to run dry
 			a.Want = max(h.need(c, mono, end)-cur.avail.Load(), h.floor())
 		}
-		if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead && leaseAhead(c) {
+		// The next window is leased for a key asked in this one, however
+		// long it has been quiet since: a process that spends a while
+		// waiting (on Redis, on its CPUs) leaves its keys quiet for that
+		// while, all at once, and had they lost their lease ahead each
+		// would wait on Redis at the window's start, which makes the next
+		// wait longer. Quota leased ahead for a key that then stays quiet
+		// goes back soon after its window begins (above).
+		if lead := max(c.lead, 2*h.tickGap.Load()); c.next == nil && end-mono <= lead && leaseAhead(c) && mono-lastUse < h.periodNS {
 			a.WantNext = max(h.need(c, end, end+h.periodNS), h.floor())
 			a.Lead = (lead + int64(h.cfg.syncInterval)) / 1000
 		}
@@ -289,8 +297,13 @@ func (h *Limiter) scheduleLocked(c *counter, mono, end, lastUse, gap int64) {
 	if cur := c.cur.Load(); cur != nil && h.bucket {
 		at = min(at, lastUse+gap) // its tokens go back if it stays quiet
 	} else if cur != nil {
-		if c.next == nil && leaseAhead(c) {
-			at = min(at, end-c.lead)
+		// A key in use is visited within its lead of the window's end, to
+		// lease the next window if by then it is worth it (see leaseAhead):
+		// a key leased by a decision early in a window has been asked once
+		// when the syncer first sees it, and would otherwise never lease
+		// ahead, waiting on Redis at every window's start.
+		if t := end - c.lead; c.next == nil && (t > mono && (c.asked > 0 || c.prevAsked > 0) || leaseAhead(c)) {
+			at = min(at, t)
 		}
 		if cur.pre {
 			at = min(at, max(lastUse, cur.start)+gap)

@@ -753,7 +753,17 @@ func (h *Limiter) leadOf(k string) int64 {
 // that long about once in 50 gaps), at most a period. Caller holds c.mu.
 func (h *Limiter) idleGap(c *counter, mono int64) int64 {
 	gap := max(int64(h.cfg.syncInterval), h.tickGap.Load())
-	if d := h.demand(c, mono); d > 0 {
+	// The key's mean rate over whole windows, not its smoothed rate, which
+	// follows bursts: a process that was stalled and catches up uses its
+	// keys in bursts, and a burst's short gaps would make the next stall
+	// look like idleness.
+	d := float64(c.prevAsked)
+	if idx, end := h.windowOf(c, mono); idx == c.askedIdx {
+		if elapsed := mono - (end - h.periodNS); elapsed >= h.periodNS/2 {
+			d = max(d, float64(c.asked)*float64(h.periodNS)/float64(elapsed))
+		}
+	}
+	if d > 0 {
 		return max(gap, min(h.periodNS, int64(4*float64(h.periodNS)/d)))
 	}
 	return max(gap, h.periodNS)
