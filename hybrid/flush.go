@@ -28,6 +28,7 @@ func (h *Limiter) tick(ctx context.Context) {
 		// previous pass took (or the backoff), smoothed
 		gap := now - h.lastTick
 		h.tickGap.Store((h.tickGap.Load() + gap) / 2)
+		h.lastGap.Store(gap)
 	}
 	h.lastTick = now
 	if h.brk.State() != breaker.Closed || h.brk.Failures() > 0 {

@@ -64,6 +64,7 @@ type Limiter struct {
 	learned       atomic.Bool           // a heartbeat told the fleet size at least once
 	lastTick      int64                 // mono of the last tick; owned by the syncer goroutine
 	tickGap       atomic.Int64          // smoothed time between ticks, ns
+	lastGap       atomic.Int64          // time from the tick before to this one, ns
 	liveInstances atomic.Int64
 	nextBeat      int64        // mono; owned by the syncer goroutine
 	seq           atomic.Int64 // sequence of lease calls, for replay protection
@@ -752,7 +753,10 @@ func (h *Limiter) leadOf(k string) int64 {
 // mean time between requests (a key used at random at that rate is quiet
 // that long about once in 50 gaps), at most a period. Caller holds c.mu.
 func (h *Limiter) idleGap(c *counter, mono int64) int64 {
-	gap := max(int64(h.cfg.syncInterval), h.tickGap.Load())
+	// Not shorter than the last tick's gap and an interval: a key is not
+	// judged quiet over a time the syncer itself did not run (the process
+	// was starved of CPU, or paused), before it could be used again.
+	gap := max(int64(h.cfg.syncInterval), h.tickGap.Load(), h.lastGap.Load()+int64(h.cfg.syncInterval))
 	// The key's mean rate over whole windows, not its smoothed rate, which
 	// follows bursts: a process that was stalled and catches up uses its
 	// keys in bursts, and a burst's short gaps would make the next stall
