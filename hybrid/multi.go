@@ -247,7 +247,7 @@ func (m *Multi) fast(r *round, n int64, states []ratelimit.LimitState) (denied b
 func (m *Multi) giveBack(r *round, n int64) {
 	for i, h := range m.lims {
 		if r.took[i] != nil {
-			h.giveBack(r.cs[i], r.took[i].idx, n)
+			h.giveBackTo(r.cs[i], r.took[i], n)
 			r.took[i] = nil
 		}
 	}
@@ -282,6 +282,14 @@ func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states 
 			denied = denied || !res[i].st.Allowed
 			if err == nil {
 				err = res[i].err
+			}
+		}
+		for i, h := range m.lims {
+			if r.cs[i].dead.Load() {
+				// The syncer dropped the key's counter meanwhile (it looked
+				// idle): a limit's slow path leases on its successor, which
+				// the round goes on with; what it took goes back there.
+				r.cs[i] = h.lookup(key)
 			}
 		}
 		m.giveBack(r, n)
