@@ -94,7 +94,7 @@ func (h *Limiter) appliedBucket(c *counter, k call, r script.BucketReply, before
 		}
 		c.blockedUntil.Store(0)
 	case k.bkt.Want > 0 && r.Retry > 0:
-		c.block(k.bkt.Min, before+r.Retry*1000)
+		c.block(k.bkt.Min, before, before+r.Retry*1000)
 	}
 }
 

@@ -106,6 +106,7 @@ type counter struct {
 	cur          atomic.Pointer[lease] // the lease decisions take from
 	blockedUntil atomic.Int64          // mono ns: Redis has less than blockedMin for the key until then
 	blockedMin   atomic.Int64          // what a lease call failed to get: decisions that need as much from Redis are denied
+	blockedRetry atomic.Int64          // mono ns: when Redis said blockedMin would fit (at or after blockedUntil)
 	dirty        atomic.Bool           // marked for the syncer
 	dead         atomic.Bool           // evicted or dropped from the table
 	touched      atomic.Bool           // the LRU table heard of a use since the last tick
@@ -296,10 +297,19 @@ func (c *counter) peekTick() uint64 {
 	return t
 }
 
-// block records that Redis could not grant min units until mono ns until:
-// decisions that would need as much from it are denied without asking
-// again until then; smaller ones may still ask.
-func (c *counter) block(min, until int64) {
-	c.blockedMin.Store(max(0, min))
-	c.blockedUntil.Store(until)
+// block records, at mono, that Redis could not grant least units until
+// mono ns retry: decisions that would need as much from it are denied
+// (and told retry) without asking again until then, or for maxBlock at
+// most; smaller ones may still ask. Redis is asked again before retry
+// because the window's remainder may be held in other instances' leases,
+// which come back (a key gone quiet elsewhere, an instance closed) long
+// before a long window ends.
+func (c *counter) block(least, mono, retry int64) {
+	c.blockedMin.Store(max(0, least))
+	c.blockedRetry.Store(retry)
+	c.blockedUntil.Store(min(retry, mono+maxBlock))
 }
+
+// maxBlock bounds how long a key waits, in ns, before asking Redis again
+// for quota Redis refused it.
+const maxBlock = int64(1e9)

@@ -216,7 +216,7 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 				// lives on credit): lease in the background.
 				a.Want = max(h.need(c, mono, end), h.floor())
 			}
-		case cur.avail.Load() < max(cur.low.Load(), int64(c.rate*float64(2*h.tickGap.Load())/float64(h.periodNS))+1):
+		case lowOn(cur, c.rate*float64(2*h.tickGap.Load())/float64(h.periodNS)):
 			// about to run dry
 			a.Want = max(h.need(c, mono, end)-cur.avail.Load(), h.floor())
 		}
@@ -250,6 +250,19 @@ func (h *Limiter) plan(ops []op, c *counter, mono int64) []op {
 // refund call for nothing. Caller holds c.mu.
 func leaseAhead(c *counter) bool {
 	return c.asked >= 2 || (c.asked > 0 && c.prevAsked > 0)
+}
+
+// lowOn reports whether lease l is about to run dry for a key that asks
+// for perTwoTicks units in two ticks: below its low-water mark (a quarter
+// of what it held when last topped up), or below two ticks of demand, but
+// then only once half of it went. A lease that was not used never tops up
+// again: the demand of a limit of a Multi counts decisions another limit
+// denied (each took its units and gave them back), and a lease of a long
+// window topped up at every tick on that demand would take the window's
+// whole remainder from the other instances.
+func lowOn(l *lease, perTwoTicks float64) bool {
+	low := l.low.Load()
+	return l.avail.Load() < max(low, min(int64(perTwoTicks)+1, 2*low))
 }
 
 // owedCredit turns the credit of c's current lease into a debt. Caller

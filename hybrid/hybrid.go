@@ -375,7 +375,8 @@ func (h *Limiter) fast(c *counter, n, mono int64) (ratelimit.Decision, *lease, b
 	}
 	if until := c.blockedUntil.Load(); mono < until && n-availAt(l, mono) >= c.blockedMin.Load() {
 		h.deniedOn(c, n)
-		d := ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(until - mono), ResetAfter: time.Duration(until - mono)}
+		retry := max(until, c.blockedRetry.Load()) - mono
+		d := ratelimit.Decision{Limit: h.limit, Algorithm: h.cfg.algorithm, RetryAfter: time.Duration(retry), ResetAfter: time.Duration(retry)}
 		if l != nil && mono < l.end {
 			d.Remaining = int(max(0, l.avail.Load()))
 			d.ResetAfter = time.Duration(l.end - mono)
@@ -826,7 +827,7 @@ func (h *Limiter) install(c *counter, args script.LeaseArgs, r script.Reply, bef
 		case r.Grant > 0:
 			h.place(c, r.Idx, r.Grant, end-h.periodNS, end, after)
 		case r.Retry > 0 && r.Reset > 0:
-			c.block(args.Min, before+r.Retry*1000)
+			c.block(args.Min, before, before+r.Retry*1000)
 		}
 	}
 	if args.WantNext > 0 || r.GrantNext > 0 {

@@ -401,7 +401,7 @@ func (h *Limiter) peek(c *counter, n int64) ratelimit.LimitState {
 		}
 	}
 	if until := c.blockedUntil.Load(); mono < until {
-		wait = max(wait, until-mono)
+		wait = max(wait, until-mono, c.blockedRetry.Load()-mono)
 	}
 	st.RetryAfter, st.Allowed = time.Duration(wait), wait == 0
 	return st
