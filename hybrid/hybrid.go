@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"strings"
 	gosync "sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -228,16 +231,25 @@ func (h *Limiter) noteErr(err error) error {
 		err = fmt.Errorf("NOAUTH: the Redis server requires authentication (set the client's Password); it answered: %w", err)
 	}
 	now := time.Now()
-	if errors.Is(err, context.DeadlineExceeded) {
-		// A timeout says less than the error that likely caused it (a
-		// refused connection retried by the client past the deadline):
-		// it does not replace one less than lastErrKeep old.
-		if last := h.lastErr.Load(); last != nil && !errors.Is(last.err, context.DeadlineExceeded) && now.Sub(last.at) < lastErrKeep {
+	if vague(err) {
+		// A timeout or a dropped connection says less than the error that
+		// likely caused it (a refused connection retried by the client
+		// past the deadline; Redis closing a connection that did not AUTH
+		// after its protocol error): it does not replace one less than
+		// lastErrKeep old.
+		if last := h.lastErr.Load(); last != nil && !vague(last.err) && now.Sub(last.at) < lastErrKeep {
 			return err
 		}
 	}
 	h.lastErr.Store(&errAt{err: err, at: now})
 	return err
+}
+
+// vague reports whether err tells only that a call got no answer: a
+// deadline, or a connection closed under it.
+func vague(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
 
 // Limit returns the limit the Limiter enforces.
