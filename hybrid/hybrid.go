@@ -1196,7 +1196,11 @@ func (h *Limiter) Close() error {
 		defer cancel()
 		h.closed.Store(true)
 		h.draining.Add(1)
-		h.gate.Lock() // no slow-path decision starts any more
+		// A barrier: every slow-path decision that took the read lock
+		// before closed was set has added itself to inflight; none starts
+		// after.
+		h.gate.Lock()
+		//lint:ignore SA2001 the lock is taken for its wait, not to guard anything
 		h.gate.Unlock()
 		waitOr(ctx, h.inflight.Wait)
 		h.retireAll()
