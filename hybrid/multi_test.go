@@ -367,6 +367,7 @@ func TestMultiOutage(t *testing.T) {
 // was dropped found no lease on it round after round, and was denied with
 // every limit's quota untouched.)
 func TestMultiManyKeysCounterDropped(t *testing.T) {
+	skipUnderRace(t) // 200,000 decisions: 4s without the detector, 70s with it
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
