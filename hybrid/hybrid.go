@@ -725,9 +725,16 @@ func (h *Limiter) windowOf(c *counter, mono int64) (idx, end int64) {
 // period, and its smoothed rate (which follows a burst within a tick or
 // two). Caller holds c.mu.
 func (h *Limiter) demand(c *counter, mono int64) float64 {
-	d := max(float64(c.prevAsked), c.rate)
+	return max(h.windowRate(c, mono, int64(h.cfg.syncInterval)), c.rate)
+}
+
+// windowRate is c's demand in units per period over whole windows: what it
+// asked in the last one, and what it asked so far in this one scaled to a
+// period once at least least ns of it went. Caller holds c.mu.
+func (h *Limiter) windowRate(c *counter, mono, least int64) float64 {
+	d := float64(c.prevAsked)
 	if idx, end := h.windowOf(c, mono); idx == c.askedIdx {
-		if elapsed := mono - (end - h.periodNS); elapsed >= int64(h.cfg.syncInterval) {
+		if elapsed := mono - (end - h.periodNS); elapsed >= least {
 			d = max(d, float64(c.asked)*float64(h.periodNS)/float64(elapsed))
 		}
 	}
@@ -774,13 +781,7 @@ func (h *Limiter) idleGap(c *counter, mono int64) int64 {
 	// follows bursts: a process that was stalled and catches up uses its
 	// keys in bursts, and a burst's short gaps would make the next stall
 	// look like idleness.
-	d := float64(c.prevAsked)
-	if idx, end := h.windowOf(c, mono); idx == c.askedIdx {
-		if elapsed := mono - (end - h.periodNS); elapsed >= h.periodNS/2 {
-			d = max(d, float64(c.asked)*float64(h.periodNS)/float64(elapsed))
-		}
-	}
-	if d > 0 {
+	if d := h.windowRate(c, mono, h.periodNS/2); d > 0 {
 		return max(gap, min(h.periodNS, int64(4*float64(h.periodNS)/d)))
 	}
 	return max(gap, h.periodNS)

@@ -247,7 +247,7 @@ func (m *Multi) fast(r *round, n int64, states []ratelimit.LimitState) (denied b
 func (m *Multi) giveBack(r *round, n int64) {
 	for i, h := range m.lims {
 		if r.took[i] != nil {
-			h.giveBackTo(r.cs[i], r.took[i], n)
+			h.giveBack(r.cs[i], r.took[i].idx, n)
 			r.took[i] = nil
 		}
 	}
@@ -288,7 +288,9 @@ func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states 
 			if r.cs[i].dead.Load() {
 				// The syncer dropped the key's counter meanwhile (it looked
 				// idle): a limit's slow path leases on its successor, which
-				// the round goes on with; what it took goes back there.
+				// the round goes on with. What the round gives back may go
+				// to the successor's lease of the same window: Redis counts
+				// those units for the key and window either way.
 				r.cs[i] = h.lookup(key)
 			}
 		}

@@ -100,27 +100,6 @@ func (h *Limiter) giveBack(c *counter, idx, n int64) {
 	h.mark(c)
 }
 
-// giveBackTo gives back n units an admission took from lease l of c's
-// key: to l itself while it is c's current lease, else to Redis, owed on
-// c for l's window (never into another lease, which did not lease them:
-// l may be a lease of a counter the syncer dropped meanwhile, c its
-// successor).
-func (h *Limiter) giveBackTo(c *counter, l *lease, n int64) {
-	mono := h.mono()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cur.Load() == l && mono < l.end {
-		l.avail.Add(n)
-		return
-	}
-	if h.moot(l.idx, mono) {
-		c.expired += n
-		return
-	}
-	c.owe(l.idx, n, 0)
-	h.mark(c)
-}
-
 // charge takes n units for work already done, even past the limit: from
 // the lease in hand as far as it goes, the rest on credit against the
 // current window (or the bucket), outside any credit budget. The syncer
