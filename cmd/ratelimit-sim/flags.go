@@ -1,14 +1,14 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
 	"github.com/hybridlimit/ratelimit/hybrid"
+
+	"github.com/hybridlimit/ratelimit/internal/cli"
 )
 
 // config is what the flags set.
@@ -54,9 +54,8 @@ func defaults() config {
 // never exits.
 func parseArgs(args []string, out io.Writer) (config, error) {
 	c := defaults()
-	fs := flag.NewFlagSet("ratelimit-sim", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	redisAddr := fs.String("redis", "", "Redis `address` host:port; a comma-separated list means a Cluster (default: embedded miniredis)")
+	fs := cli.NewFlagSet("ratelimit-sim")
+	redisAddr := fs.String("redis", "", cli.RedisFlagUsage)
 	fs.IntVar(&c.instances, "instances", c.instances, "hybrid instances, each with its own Redis client, as separate processes would have")
 	fs.IntVar(&c.workers, "workers", c.workers, "goroutines deciding per instance")
 	fs.IntVar(&c.keys, "keys", c.keys, "distinct keys")
@@ -72,25 +71,12 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.prefix, "prefix", c.prefix, "Redis key prefix (a run id and the phase are appended)")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the workload's random key choice")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of both phases to `file`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(out, "usage: ratelimit-sim [flags]")
-			fs.SetOutput(out)
-			fs.PrintDefaults()
-		}
+	if err := cli.Parse(fs, args, out); err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if *redisAddr != "" {
-		for _, a := range strings.Split(*redisAddr, ",") {
-			a = strings.TrimSpace(a)
-			if a == "" {
-				return c, fmt.Errorf("--redis %q: empty address", *redisAddr)
-			}
-			c.redisAddrs = append(c.redisAddrs, a)
-		}
+	var err error
+	if c.redisAddrs, err = cli.RedisAddrs(*redisAddr); err != nil {
+		return c, err
 	}
 	switch strings.ToLower(*mode) {
 	case "strict":

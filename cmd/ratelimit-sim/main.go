@@ -11,27 +11,6 @@
 // Run with -h for every flag.
 package main
 
-import (
-	"context"
-	"errors"
-	"flag"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-)
+import "github.com/hybridlimit/ratelimit/internal/cli"
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, context.Canceled):
-		fmt.Fprintln(os.Stderr, "ratelimit-sim: interrupted")
-		os.Exit(130)
-	default:
-		fmt.Fprintln(os.Stderr, "ratelimit-sim:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("ratelimit-sim", run) }

@@ -1,14 +1,13 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/cli"
 )
 
 // algorithm is the limiter's algorithm unless --algorithm says otherwise.
@@ -108,9 +107,8 @@ func (c config) offered() float64 {
 // never exits.
 func parseArgs(args []string, out io.Writer) (config, error) {
 	c := defaults()
-	fs := flag.NewFlagSet("ratelimit-surge", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	redisAddr := fs.String("redis", "", "Redis `address` host:port; a comma-separated list means a Cluster (default: embedded miniredis)")
+	fs := cli.NewFlagSet("ratelimit-surge")
+	redisAddr := fs.String("redis", "", cli.RedisFlagUsage)
 	fs.IntVar(&c.instances, "instances", c.instances, "API instances behind the round-robin proxy, each with its own hybrid limiter and Redis client")
 	alg := fs.String("algorithm", c.algorithm.String(), "the limiter's algorithm: fixed, sliding, token_bucket or gcra (the hybrid does not serve sliding_log)")
 	fs.IntVar(&c.limit, "limit", c.limit, "requests allowed per client per period, fleet-wide (for a bucket: its refill per period)")
@@ -127,25 +125,12 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.duration, "duration", c.duration, "how long each phase sends requests")
 	fs.DurationVar(&c.progress, "progress", c.progress, "interval between progress lines")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the clients' think times")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(out, "usage: ratelimit-surge [flags]")
-			fs.SetOutput(out)
-			fs.PrintDefaults()
-		}
+	if err := cli.Parse(fs, args, out); err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if *redisAddr != "" {
-		for _, a := range strings.Split(*redisAddr, ",") {
-			a = strings.TrimSpace(a)
-			if a == "" {
-				return c, fmt.Errorf("--redis %q: empty address", *redisAddr)
-			}
-			c.redisAddrs = append(c.redisAddrs, a)
-		}
+	var err error
+	if c.redisAddrs, err = cli.RedisAddrs(*redisAddr); err != nil {
+		return c, err
 	}
 	a, err := ratelimit.ParseAlgorithm(*alg)
 	if err != nil {

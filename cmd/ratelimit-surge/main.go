@@ -32,34 +32,18 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-	case errors.Is(err, context.Canceled):
-		fmt.Fprintln(os.Stderr, "ratelimit-surge: interrupted")
-		os.Exit(130)
-	default:
-		fmt.Fprintln(os.Stderr, "ratelimit-surge:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main("ratelimit-surge", run) }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	cfg, err := parseArgs(args, out)
