@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 // rollPeriod is the window of n keys: 1s up to 10,000 keys, 5s for more.
@@ -33,18 +33,6 @@ func rollPeriod(n int) time.Duration {
 }
 
 const rollSync = 100 * time.Millisecond
-
-// rtCounter counts Redis round trips: one per command sent alone, one per
-// pipeline.
-type rtCounter struct{ n atomic.Int64 }
-
-func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
-}
-func (h *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(1); return next(ctx, cmds) }
-}
 
 func keyset(n int) []string {
 	k := make([]string, n)
@@ -87,7 +75,7 @@ func BenchmarkKeysAcrossRolls(b *testing.B) {
 		// design in strict mode), and a key keeps its quota across windows
 		// only while it is in use (see docs/tuning.md, regimes).
 		c := srv.Client()
-		hook := &rtCounter{}
+		hook := &rtcount.Hook{}
 		c.AddHook(hook)
 		period := rollPeriod(n)
 		h, err := hybrid.New(c, ratelimit.Limit{Rate: 1 << 30, Period: period}, hybrid.WithInstances(1),
@@ -98,9 +86,9 @@ func BenchmarkKeysAcrossRolls(b *testing.B) {
 		}
 		warm(keys, period, func(k string) { h.Allow(ctx, k) })
 		b.Run(name+"/hybrid", func(b *testing.B) {
-			rt0, start := hook.n.Load(), time.Now()
+			rt0, start := hook.RoundTrips(), time.Now()
 			runKeys(b, keys, func(k string) { h.Allow(ctx, k) })
-			b.ReportMetric(float64(hook.n.Load()-rt0)*1000/float64(b.N), "rt/1k")
+			b.ReportMetric(float64(hook.RoundTrips()-rt0)*1000/float64(b.N), "rt/1k")
 			b.ReportMetric(float64(time.Since(start))/float64(period), "windows")
 		})
 		h.Close()
@@ -119,7 +107,7 @@ func BenchmarkKeysAcrossRolls(b *testing.B) {
 		b.Run(name+"/global", func(b *testing.B) {
 			c := srv.Client()
 			defer c.Close()
-			hook := &rtCounter{}
+			hook := &rtcount.Hook{}
 			c.AddHook(hook)
 			g, err := global.New(c, ratelimit.Limit{Rate: 1 << 30, Period: rollPeriod(n)},
 				global.WithPrefix("rollsg"+strconv.FormatInt(time.Now().UnixNano(), 10)))
@@ -127,16 +115,16 @@ func BenchmarkKeysAcrossRolls(b *testing.B) {
 				b.Fatal(err)
 			}
 			runKeys(b, keys, func(key string) { g.Allow(ctx, key) })
-			b.ReportMetric(float64(hook.n.Load())*1000/float64(b.N), "rt/1k")
+			b.ReportMetric(float64(hook.RoundTrips())*1000/float64(b.N), "rt/1k")
 		})
 		b.Run(name+"/redis_rate", func(b *testing.B) {
 			c := srv.Client()
 			defer c.Close()
-			hook := &rtCounter{}
+			hook := &rtcount.Hook{}
 			c.AddHook(hook)
 			l := redis_rate.NewLimiter(c)
 			runKeys(b, keys, func(key string) { l.Allow(ctx, key, redis_rate.PerSecond(peerRate)) })
-			b.ReportMetric(float64(hook.n.Load())*1000/float64(b.N), "rt/1k")
+			b.ReportMetric(float64(hook.RoundTrips())*1000/float64(b.N), "rt/1k")
 		})
 	}
 }

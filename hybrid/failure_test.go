@@ -18,6 +18,7 @@ import (
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -219,17 +220,6 @@ func TestFaults(t *testing.T) {
 	}
 }
 
-// countHook counts every command the client sends.
-type countHook struct{ n atomic.Int64 }
-
-func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.n.Add(1); return next(ctx, cmd) }
-}
-func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
-}
-
 // With the breaker open a decision makes no Redis call at all. Before it
 // opens (a Redis that accepts connections and never answers opens it once
 // calls time out), decisions wait at most the timeout and are denied:
@@ -241,7 +231,7 @@ func TestBreakerOpenNoRedisCall(t *testing.T) {
 	defer p.Close()
 	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 	defer c.Close()
-	hook := &countHook{}
+	hook := &rtcount.Hook{}
 	c.AddHook(hook)
 	h, err := hybrid.New(c, ratelimit.PerSecond(100), hybrid.WithPrefix(uniq(t)), hybrid.WithTimeout(faultTimeout),
 		hybrid.WithSyncInterval(time.Hour), hybrid.WithBreaker(1, time.Hour), hybrid.WithInstances(1))
@@ -260,14 +250,14 @@ func TestBreakerOpenNoRedisCall(t *testing.T) {
 			require.Positive(t, d.RetryAfter)
 		}
 	}
-	before := hook.n.Load()
+	before := hook.Commands()
 	fallback := h.Stats().Fallback
 	for i := 0; i < 200; i++ {
 		d, err := h.Allow(context.Background(), fmt.Sprintf("key-%d", i))
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "FailLocal: a window nothing was heard of has the whole share")
 	}
-	require.Equal(t, before, hook.n.Load(), "a decision called Redis with the breaker open")
+	require.Equal(t, before, hook.Commands(), "a decision called Redis with the breaker open")
 	require.EqualValues(t, 200, h.Stats().Fallback-fallback)
 	p.Block(false)
 	h.Close()

@@ -17,34 +17,21 @@ import (
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
-// rtHook counts Redis round trips as a client makes them: one per command
-// sent on its own (a synchronous lease, a heartbeat, a probe) and one per
-// pipeline, however many commands it carries.
-type rtHook struct{ single, pipelines atomic.Int64 }
-
-func (h *rtHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *rtHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { h.single.Add(1); return next(ctx, cmd) }
-}
-func (h *rtHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { h.pipelines.Add(1); return next(ctx, cmds) }
-}
-func (h *rtHook) total() int64 { return h.single.Load() + h.pipelines.Load() }
-
 // hooked returns a new client of srv with a round-trip counter.
-func hooked(t testing.TB, srv *redistest.Server) (*redis.Client, *rtHook) {
+func hooked(t testing.TB, srv *redistest.Server) (*redis.Client, *rtcount.Hook) {
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
-	h := &rtHook{}
+	h := &rtcount.Hook{}
 	c.AddHook(h)
 	return c, h
 }
 
-func sumRT(hs []*rtHook) (n int64) {
+func sumRT(hs []*rtcount.Hook) (n int64) {
 	for _, h := range hs {
-		n += h.total()
+		n += h.RoundTrips()
 	}
 	return n
 }
@@ -155,7 +142,7 @@ func TestManyKeysUnderLimit(t *testing.T) {
 		keys[i] = "user-" + strconv.Itoa(i)
 	}
 	prefix := uniq(t)
-	var hooks []*rtHook
+	var hooks []*rtcount.Hook
 	var ls []ratelimit.Limiter
 	var hs []*hybrid.Limiter
 	for i := 0; i < instances; i++ {
@@ -239,7 +226,7 @@ func TestWindowRollNoWait(t *testing.T) {
 			prevReset := time.Duration(-1)
 			deadline := time.Now().Add(3500 * time.Millisecond)
 			for time.Now().Before(deadline) && rolls < 2 {
-				before := hk.single.Load()
+				before := hk.Single()
 				d, err := h.Allow(ctx, "steady")
 				require.NoError(t, err)
 				require.True(t, d.Allowed)
@@ -247,14 +234,14 @@ func TestWindowRollNoWait(t *testing.T) {
 					// The first decision of a new window, after a whole
 					// window of steady use.
 					rolls++
-					require.Equal(t, before, hk.single.Load(), "the first decision of window %d waited on a synchronous round trip", rolls)
+					require.Equal(t, before, hk.Single(), "the first decision of window %d waited on a synchronous round trip", rolls)
 					// and the next few of that window too
 					for i := 0; i < 10; i++ {
-						b := hk.single.Load()
+						b := hk.Single()
 						d, err := h.Allow(ctx, "steady")
 						require.NoError(t, err)
 						require.True(t, d.Allowed)
-						require.Equal(t, b, hk.single.Load(), "decision %d of the new window waited on Redis", i+1)
+						require.Equal(t, b, hk.Single(), "decision %d of the new window waited on Redis", i+1)
 						checked++
 					}
 				}
@@ -277,7 +264,7 @@ func TestBusyHostDefaults(t *testing.T) {
 	limit := ratelimit.PerSecond(2000)
 	const instances, workers = 8, 4
 	prefix := uniq(t)
-	var hooks []*rtHook
+	var hooks []*rtcount.Hook
 	var ls []ratelimit.Limiter
 	var hs []*hybrid.Limiter
 	for i := 0; i < instances; i++ {

@@ -20,6 +20,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 // run parses args, runs the hybrid phase and the global phase, and prints
@@ -99,7 +100,7 @@ func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) 
 		var (
 			lims []ratelimit.Limiter
 			hs   []*hybrid.Limiter
-			rts  []*rtCounter
+			rts  []*rtcount.Hook
 			cls  []redis.UniversalClient
 		)
 		closeAll := func() error {
@@ -163,7 +164,7 @@ func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) 
 		prefix := cfg.prefix + ":" + runID + ":global"
 		var (
 			lims []ratelimit.Limiter
-			rts  []*rtCounter
+			rts  []*rtcount.Hook
 			cls  []redis.UniversalClient
 		)
 		for i := 0; i < cfg.instances; i++ {
@@ -225,47 +226,17 @@ func serverBase(ctx context.Context, c redis.UniversalClient) (int64, error) {
 // with a hook counting its round trips: one per command, one per pipeline.
 // For a Cluster the hook sits on every node's client, so a pipeline split
 // over three nodes counts three.
-func newClient(addrs []string) (redis.UniversalClient, *rtCounter) {
-	rt := &rtCounter{}
+func newClient(addrs []string) (redis.UniversalClient, *rtcount.Hook) {
+	rt := &rtcount.Hook{}
 	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs})
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		cc.OnNewNode(func(n *redis.Client) { n.AddHook(rt) })
-	} else {
-		c.AddHook(rt)
-	}
+	rtcount.Attach(c, rt)
 	return c, rt
 }
 
-// rtCounter is a go-redis hook counting round trips, and the commands
-// they carry (a pipeline is one round trip of many commands).
-type rtCounter struct {
-	n    atomic.Uint64
-	cmds atomic.Uint64
-	_    [48]byte
-}
-
-func (c *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		c.cmds.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(1)
-		c.cmds.Add(uint64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
-func sumRT(rts []*rtCounter) (trips, cmds uint64) {
+func sumRT(rts []*rtcount.Hook) (trips, cmds uint64) {
 	for _, r := range rts {
-		trips += r.n.Load()
-		cmds += r.cmds.Load()
+		trips += uint64(r.RoundTrips())
+		cmds += uint64(r.Commands())
 	}
 	return trips, cmds
 }
@@ -351,7 +322,7 @@ func (t *tally) add(key int, endMono int64) {
 }
 
 func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *workload,
-	lims []ratelimit.Limiter, rts []*rtCounter, baseUS int64, stats func() hybrid.Stats) phaseResult {
+	lims []ratelimit.Limiter, rts []*rtcount.Hook, baseUS int64, stats func() hybrid.Stats) phaseResult {
 	r := phaseResult{name: name, minWinSat: -1}
 	pUS := cfg.period.Microseconds()
 	start := mono()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit/httplimit"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 const userHeader = "X-User-Id"
@@ -35,7 +35,7 @@ type fleet struct {
 	clients  []redis.UniversalClient
 	tally    *tally
 	proxyTr  *http.Transport
-	commands atomic.Int64 // Redis commands sent by the limiters
+	sent     rtcount.Hook // what the limiters sent Redis
 
 	limiterErrs  atomic.Int64 // requests the middleware could not decide
 	firstLimiter atomic.Pointer[string]
@@ -65,7 +65,7 @@ func startFleet(cfg config, newClient func() redis.UniversalClient, prefix strin
 			h = f.countArrivals(api, cfg.period)
 		} else {
 			c := newClient()
-			c.AddHook(countHook{&f.commands})
+			rtcount.Attach(c, &f.sent)
 			f.clients = append(f.clients, c)
 			lim, err := hybrid.New(c, cfg.rateLimit(),
 				hybrid.WithAlgorithm(cfg.algorithm),
@@ -210,23 +210,4 @@ func (f *fleet) close() error {
 		errs = append(errs, c.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// countHook counts the commands a Redis client sends, pipelined ones each.
-type countHook struct{ n *atomic.Int64 }
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
 }

@@ -186,7 +186,7 @@ loop:
 	}
 
 	res.stats = f.stats()
-	res.commands = f.commands.Load()
+	res.commands = f.sent.Commands()
 	res.limiterErrs = f.limiterErrs.Load()
 	if p := f.firstLimiter.Load(); p != nil {
 		res.firstLimiter = *p

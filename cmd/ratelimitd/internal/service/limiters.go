@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
 	"github.com/hybridlimit/ratelimit/global"
@@ -311,25 +309,5 @@ func (s *Service) flushEntry(e *entry) {
 	if err := flush(ctx); err != nil && !e.closed.Load() {
 		s.log.Warn("giving the leases of removed rules back failed (they stay counted until their window ends)",
 			"limiter", e.sig.String(), "error", err.Error())
-	}
-}
-
-// countHook counts the round trips of a Redis client: each command and each
-// pipeline is one.
-type countHook struct{ n *atomic.Uint64 }
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmds)
 	}
 }

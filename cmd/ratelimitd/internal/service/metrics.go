@@ -85,7 +85,7 @@ func newMetrics(s *Service) *metrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_redis_round_trips_total",
 			Help: "Round trips to Redis of every kind (a command or a pipeline), counted on the service's client.",
-		}, func() float64 { return float64(s.roundTrips.Load()) }),
+		}, func() float64 { return float64(s.RoundTrips()) }),
 		&limiterCollector{s: s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 // Defaults of Options.
@@ -70,12 +71,12 @@ type Options struct {
 type Service struct {
 	pb.UnimplementedRateLimitServiceServer
 
-	opts       Options
-	log        *slog.Logger
-	snap       atomic.Pointer[snapshot]
-	roundTrips atomic.Uint64
-	m          *metrics
-	overrides  sync.Map // overrideKey -> *override
+	opts      Options
+	log       *slog.Logger
+	snap      atomic.Pointer[snapshot]
+	sent      rtcount.Hook // what the service's client sent Redis
+	m         *metrics
+	overrides sync.Map // overrideKey -> *override
 
 	shut       atomic.Bool   // Close has begun: decisions are refused
 	stop       chan struct{} // closed by Close: retirements stop waiting
@@ -148,7 +149,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{opts: opts, log: opts.Logger, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
 	s.m = newMetrics(s)
-	opts.Client.AddHook(countHook{&s.roundTrips})
+	opts.Client.AddHook(&s.sent)
 	return s, nil
 }
 
@@ -157,7 +158,7 @@ func (s *Service) Registry() *prometheus.Registry { return s.m.reg }
 
 // RoundTrips returns the Redis round trips made on the service's client
 // since New (a command or a pipeline each).
-func (s *Service) RoundTrips() uint64 { return s.roundTrips.Load() }
+func (s *Service) RoundTrips() uint64 { return uint64(s.sent.RoundTrips()) }
 
 // Loaded reports whether rules are in force.
 func (s *Service) Loaded() bool { return s.snap.Load() != nil }
