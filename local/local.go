@@ -9,6 +9,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/check"
 	"github.com/hybridlimit/ratelimit/internal/memkey"
+	"github.com/hybridlimit/ratelimit/internal/option"
 )
 
 // DefaultAlgorithm is the Algorithm of a Limiter built without
@@ -17,9 +18,9 @@ import (
 const DefaultAlgorithm = ratelimit.FixedWindow
 
 // An Option configures a Limiter. Options are made by WithAlgorithm,
-// WithMaxKeys and WithClock; New ignores a nil Option, as every package of
-// the module does. Options are applied in order: a later one overrides an
-// earlier one of the same kind.
+// WithAlgorithms, WithMaxKeys and WithClock; New ignores a nil Option, as
+// packages global, hybrid and sync do. Options are applied in order: a
+// later one overrides an earlier one of the same kind.
 type Option interface {
 	apply(*config) error
 }
@@ -63,15 +64,8 @@ func WithAlgorithms(algs ...ratelimit.Algorithm) Option {
 // newConfig applies opts over the defaults, ignoring a nil Option.
 func newConfig(opts []Option) (config, error) {
 	cfg := config{algorithm: DefaultAlgorithm}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&cfg); err != nil {
-			return cfg, err
-		}
-	}
-	return cfg, nil
+	err := option.Apply(&cfg, opts, Option.apply)
+	return cfg, err
 }
 
 // algorithmsFor returns the algorithm of each of k limits.
@@ -98,7 +92,7 @@ func (c *config) algorithmsFor(k int) []ratelimit.Algorithm {
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 0 {
-			return fmt.Errorf("%w: max keys must be >= 0, got %d", ratelimit.ErrInvalidOption, n)
+			return option.Invalid("max keys must be >= 0, got %d", n)
 		}
 		c.maxKeys = n
 		return nil
