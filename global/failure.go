@@ -9,6 +9,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
 	"github.com/hybridlimit/ratelimit/internal/check"
+	"github.com/hybridlimit/ratelimit/internal/option"
 )
 
 // Defaults of the failure options.
@@ -160,7 +161,7 @@ func WithFallback(l ratelimit.Limiter) Option {
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: timeout must be > 0, got %v", ratelimit.ErrInvalidOption, d)
+			return option.Invalid("timeout must be > 0, got %v", d)
 		}
 		c.timeout = d
 		return nil
@@ -173,7 +174,7 @@ func WithTimeout(d time.Duration) Option {
 func WithBreaker(failures int, openFor time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if failures < 1 || openFor <= 0 {
-			return fmt.Errorf("%w: breaker needs failures >= 1 and openFor > 0", ratelimit.ErrInvalidOption)
+			return option.Invalid("breaker needs failures >= 1 and openFor > 0")
 		}
 		c.failures, c.openFor = failures, openFor
 		return nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/check"
+	"github.com/hybridlimit/ratelimit/internal/option"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -237,6 +238,8 @@ type config struct {
 // Option configures a Limiter made by New. The zero set of options gives
 // DefaultAlgorithm, DefaultPrefix and the Redis server's clock. New ignores
 // a nil Option and returns the error of the first Option out of range.
+// Options are applied in order: a later one overrides an earlier one of
+// the same kind.
 type Option interface {
 	apply(*config) error
 }
@@ -251,15 +254,8 @@ func newConfig(client redis.UniversalClient, opts []Option) (config, error) {
 	if script.IsNilClient(client) {
 		return c, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
 	}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&c); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
+	err := option.Apply(&c, opts, Option.apply)
+	return c, err
 }
 
 // algorithmsFor returns the algorithm of each of k limits.
@@ -307,7 +303,7 @@ func WithAlgorithms(algs ...ratelimit.Algorithm) Option {
 func WithPrefix(prefix string) Option {
 	return optionFunc(func(c *config) error {
 		if prefix == "" || strings.ContainsAny(prefix, "{}") {
-			return fmt.Errorf("%w: prefix %q must be non-empty and hold no braces", ratelimit.ErrInvalidOption, prefix)
+			return option.Invalid("prefix %q must be non-empty and hold no braces", prefix)
 		}
 		c.prefix = prefix
 		return nil
