@@ -2,10 +2,9 @@ package sync
 
 import (
 	"context"
-	"fmt"
 	"time"
 
-	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/option"
 )
 
 // Defaults of the options.
@@ -23,8 +22,10 @@ const (
 	DefaultMaxBackoff = 5 * time.Second
 )
 
-// An Option configures a Syncer in New. The zero Option is not usable; build
-// one with the With functions.
+// An Option configures a Syncer in New; build one with the With functions.
+// New ignores a nil Option, as packages local, global and hybrid do, and
+// returns the error of the first Option out of range. Options are applied in
+// order: a later one overrides an earlier one of the same kind.
 type Option interface {
 	apply(*config) error
 }
@@ -52,8 +53,10 @@ func defaultConfig() config {
 	}
 }
 
+// invalid is the error of an option out of range, its text prefixed by the
+// package name.
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: sync: "+format, append([]any{ratelimit.ErrInvalidOption}, args...)...)
+	return option.Invalid("sync: "+format, args...)
 }
 
 // WithInterval sets the time between two ticks (default 100ms). Every tick

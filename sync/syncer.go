@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/option"
 )
 
 // FlushFunc flushes one batch. It returns the items that must be offered
@@ -95,13 +96,8 @@ func New[T comparable](flush FlushFunc[T], opts ...Option) (*Syncer[T], error) {
 		return nil, invalid("nil FlushFunc")
 	}
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&cfg); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&cfg, opts, Option.apply); err != nil {
+		return nil, err
 	}
 	if cfg.backoffMin == 0 {
 		cfg.backoffMin = cfg.interval

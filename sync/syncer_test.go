@@ -84,6 +84,21 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorIs(t, err, ratelimit.ErrInvalidOption)
 }
 
+// A nil Option is ignored, as in packages local, global and hybrid; the
+// options around it still apply, in order, the later winning.
+func TestNewIgnoresNilOption(t *testing.T) {
+	var r recorder[int]
+	s := newSyncer(t, r.flush, nil, bgsync.WithInterval(never), bgsync.WithBatchSize(2), nil, bgsync.WithBatchSize(1), nil)
+	s.Mark(1)
+	s.Mark(2)
+	require.NoError(t, s.Flush(context.Background()))
+	batches, _ := r.snapshot()
+	require.Equal(t, [][]int{{1}, {2}}, batches, "batches of 1, the last WithBatchSize")
+
+	_, err := bgsync.New(r.flush, nil, bgsync.WithBatchSize(0))
+	require.ErrorIs(t, err, ratelimit.ErrInvalidOption, "a bad option after a nil one is still checked")
+}
+
 func TestMarkDedup(t *testing.T) {
 	var r recorder[string]
 	s := newSyncer(t, r.flush, bgsync.WithInterval(never))
