@@ -41,6 +41,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"negative algorithm", c, ok, []global.Option{global.WithAlgorithm(ratelimit.Algorithm(-1))}, ratelimit.ErrInvalidAlgorithm},
 		{"empty prefix", c, ok, []global.Option{global.WithPrefix("")}, ratelimit.ErrInvalidOption},
 		{"prefix with brace", c, ok, []global.Option{global.WithPrefix("a{b}")}, ratelimit.ErrInvalidOption},
+		{"bad option after a nil one", c, ok, []global.Option{nil, global.WithPrefix("")}, ratelimit.ErrInvalidOption},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,8 +52,12 @@ func TestNewRejectsBadInput(t *testing.T) {
 			})
 		})
 	}
+	// A nil Option is ignored, as in packages local, hybrid and sync.
+	l, err := global.New(c, ok, nil, global.WithPrefix(uniquePrefix(t)), nil)
+	require.NoError(t, err)
+	require.NotNil(t, l)
 	// GCRA at exactly one microsecond per event is fine.
-	_, err := global.New(c, ratelimit.Limit{Rate: 1000, Period: time.Millisecond}, global.WithAlgorithm(ratelimit.GCRA))
+	_, err = global.New(c, ratelimit.Limit{Rate: 1000, Period: time.Millisecond}, global.WithAlgorithm(ratelimit.GCRA))
 	require.NoError(t, err)
 }
 
