@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/option"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -100,13 +101,8 @@ func defaultConfig() config {
 // draws an instance ID unless one was given.
 func newConfig(opts []Option) (config, error) {
 	cfg := defaultConfig()
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o.apply(&cfg); err != nil {
-			return cfg, err
-		}
+	if err := option.Apply(&cfg, opts, Option.apply); err != nil {
+		return cfg, err
 	}
 	if cfg.instanceID == "" {
 		var b [9]byte
@@ -118,16 +114,18 @@ func newConfig(opts []Option) (config, error) {
 	return cfg, nil
 }
 
-// Option configures a Limiter in New.
+// Option configures a Limiter in New (and NewMulti). New ignores a nil
+// Option, as packages local, global and sync do, and returns the error of
+// the first Option out of range. Options are applied in order: a later one
+// overrides an earlier one of the same kind.
 type Option interface{ apply(*config) error }
 
 type optionFunc func(*config) error
 
 func (f optionFunc) apply(c *config) error { return f(c) }
 
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ratelimit.ErrInvalidOption}, args...)...)
-}
+// invalid is the error of an option out of range.
+func invalid(format string, args ...any) error { return option.Invalid(format, args...) }
 
 // WithAlgorithm selects the algorithm: ratelimit.FixedWindow (the default)
 // or ratelimit.SlidingWindow, leased as slices of a window's quota, or
@@ -227,8 +225,8 @@ func WithMode(m Mode) Option {
 	})
 }
 
-// WithTimeout sets the deadline of every Redis call (default 100ms). A
-// decision never waits on Redis longer than this.
+// WithTimeout sets the deadline of every Redis call (default
+// DefaultTimeout, 500ms). A decision never waits on Redis longer than this.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
