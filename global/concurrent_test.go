@@ -75,7 +75,10 @@ func hammer(t *testing.T, dep deployment, alg ratelimit.Algorithm) {
 	}
 	var limit ratelimit.Limit
 	if alg.IsWindow() {
-		limit = ratelimit.Limit{Rate: 1000, Period: 10 * time.Second}
+		// An hour, so the calls have room to land in one window even on a
+		// loaded host (under -race beside other tests they took up to
+		// 5.2s, more than the 5s a 10s window could promise).
+		limit = ratelimit.Limit{Rate: 1000, Period: time.Hour}
 	} else {
 		limit = ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 500}
 	}
@@ -89,10 +92,10 @@ func hammer(t *testing.T, dep deployment, alg ratelimit.Algorithm) {
 	p := int64(limit.Period / time.Microsecond)
 
 	if alg.IsWindow() {
-		// Start inside one window with at least 5s of it left, so every
-		// call lands in it.
+		// Start inside one window with at least 20s of it left (else sleep
+		// into the next: 1 run in 180), so every call lands in it.
 		now := serverMicros(t, clients[0])
-		if left := p - now%p; left < 5*sec {
+		if left := p - now%p; left < 20*sec {
 			time.Sleep(time.Duration(left+100*ms) * time.Microsecond)
 		}
 	}
