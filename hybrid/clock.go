@@ -49,22 +49,44 @@ func (k *serverClock) observe(serverUS, before, after int64) {
 	k.mu.Unlock()
 }
 
+// view returns the estimate as it stands, as a value.
+func (k *serverClock) view() clockView {
+	return clockView{startUS: k.startUS, periodUS: k.periodUS, offsetUS: k.offsetUS.Load(), errNS: k.errNS.Load()}
+}
+
+func (k *serverClock) serverAt(mono int64) int64          { return k.view().serverAt(mono) }
+func (k *serverClock) monoAt(serverUS int64) int64        { return k.view().monoAt(serverUS) }
+func (k *serverClock) window(mono int64) (idx, end int64) { return k.view().window(mono) }
+func (k *serverClock) end(idx, resetUS, before, after int64) int64 {
+	return k.view().end(idx, resetUS, before, after)
+}
+func (k *serverClock) errorBound() int64 { return k.errNS.Load() }
+
+// clockView is the server clock's estimate at one moment, as a value: what
+// the keys' state machines read Redis time through.
+type clockView struct {
+	startUS  int64 // local wall clock at mono 0, microseconds since the epoch
+	periodUS int64
+	offsetUS int64 // server minus local wall clock, microseconds
+	errNS    int64 // bound of offsetUS's error
+}
+
 // serverAt returns the server time at mono, by the estimate.
-func (k *serverClock) serverAt(mono int64) int64 {
-	return k.startUS + mono/1000 + k.offsetUS.Load()
+func (v clockView) serverAt(mono int64) int64 {
+	return v.startUS + mono/1000 + v.offsetUS
 }
 
 // monoAt maps a server time to mono, by the estimate.
-func (k *serverClock) monoAt(serverUS int64) int64 {
-	return (serverUS - k.offsetUS.Load() - k.startUS) * 1000
+func (v clockView) monoAt(serverUS int64) int64 {
+	return (serverUS - v.offsetUS - v.startUS) * 1000
 }
 
 // window returns the window mono falls in by the estimate: its index and
 // its end (mono).
-func (k *serverClock) window(mono int64) (idx, end int64) {
-	now := k.serverAt(mono)
-	idx = now / k.periodUS
-	return idx, mono + ((idx+1)*k.periodUS-now)*1000
+func (v clockView) window(mono int64) (idx, end int64) {
+	now := v.serverAt(mono)
+	idx = now / v.periodUS
+	return idx, mono + ((idx+1)*v.periodUS-now)*1000
 }
 
 // end returns when window idx ends (mono), from a reply that said, at a
@@ -73,10 +95,10 @@ func (k *serverClock) window(mono int64) (idx, end int64) {
 // offset's estimate is the best guess. A reply that waited long in a run
 // queue therefore does not cut its window short, and one sent long ago
 // does not stretch it.
-func (k *serverClock) end(idx, resetUS, before, after int64) int64 {
+func (v clockView) end(idx, resetUS, before, after int64) int64 {
 	lo, hi := before+resetUS*1000, after+resetUS*1000
-	return min(max(k.monoAt((idx+1)*k.periodUS), lo), hi)
+	return min(max(v.monoAt((idx+1)*v.periodUS), lo), hi)
 }
 
 // errorBound is how far the estimate may be from server time, ns.
-func (k *serverClock) errorBound() int64 { return k.errNS.Load() }
+func (v clockView) errorBound() int64 { return v.errNS }

@@ -4,130 +4,52 @@ import (
 	"math"
 	gosync "sync"
 	"sync/atomic"
+	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/hybridlimit/ratelimit/internal/script"
+	"github.com/hybridlimit/ratelimit"
 )
 
-// lease is the quota a counter holds for one window. The request path takes
-// from avail with a CAS; nothing else on the request path writes to it but
-// the count of what it took (tick, on the same cache line).
-type lease struct {
-	avail     atomic.Int64  // leased units not yet used
-	tick      atomic.Uint64 // since the last sync tick: allowed decisions << 32 | units
-	low       atomic.Int64  // when avail falls below it, the key asks the syncer for more (read beside avail)
-	credit    atomic.Int64  // units admitted on credit (optimistic, slow reply, fallback), not yet reported
-	borrowed  atomic.Int64  // units admitted on credit in this window, reported or not
-	budgetIdx atomic.Int64  // buckets: the period of the instance's clock the credit budget is for
-	free      atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
-	idx       int64         // window index: the window starts at idx x Period since the epoch
-	start     int64         // mono ns of the window's start, by the best estimate
-	end       int64         // mono ns of the window's end, by the best estimate: the lease serves before it
-	known     bool          // idx came from Redis (false: estimated, to hold credit)
-	pre       bool          // leased ahead of its window and not used yet; guarded by counter.mu
-}
-
-// unknownFree is lease.free when no reply told the window's remainder.
-const unknownFree = math.MinInt64
-
-// debt is quota a counter owes Redis for window idx: leased units to give
-// back and units admitted on credit to report.
-type debt struct {
-	idx    int64
-	refund int64
-	use    int64
-}
-
-// call is one lease call: on the window counters (win), or, for a bucket
-// limiter (TokenBucket, GCRA), on the bucket (bkt).
-type call struct {
-	win    script.LeaseArgs
-	bkt    script.BucketArgs
-	bucket bool
-}
-
-func (k *call) seq() int64 {
-	if k.bucket {
-		return k.bkt.Seq
-	}
-	return k.win.Seq
-}
-
-func (k *call) resent() bool {
-	if k.bucket {
-		return k.bkt.Resent
-	}
-	return k.win.Resent
-}
-
-func (k *call) setResent() {
-	if k.bucket {
-		k.bkt.Resent = true
-	} else {
-		k.win.Resent = true
-	}
-}
-
-func (k *call) script() *redis.Script {
-	if k.bucket {
-		return script.Bucket
-	}
-	return script.Lease
-}
-
-func (k *call) keys() []string {
-	if k.bucket {
-		return k.bkt.Keys()
-	}
-	return k.win.Keys()
-}
-
-func (k *call) argv() []any {
-	if k.bucket {
-		return k.bkt.Args()
-	}
-	return k.win.Args()
-}
-
-// sent is a key's outstanding lease call: on its way, or sent and its reply
-// not seen (in doubt), to be sent again.
-type sent struct {
-	call call
-	// notApplied: the call certainly did not run (NOSCRIPT, no
-	// connection): it is sent again as new.
-	notApplied bool
-}
-
-// counter is the local state of one key.
+// The per-key state machine.
+//
+// A counter is one key's local state: the lease decisions take from, the
+// lease of the next window taken ahead of it, credit, debts to Redis, the
+// refusal Redis last gave, and the key's demand. Every transition on it is
+// a method that takes the time (mono ns) and the fleet's facts as values
+// and returns what the Limiter must do (send a call, mark the key for the
+// syncer, count stats): no Redis, no syncer, no stats, no clock reads in
+// here, so each transition is tested with explicit times (counter_test.go).
+//
+// Locking is in the types: the decision path reads the atomics of
+// *counter lock-free; whatever needs the key's mutex is a method of
+// *lockedCounter, which only counter.lock returns.
 type counter struct {
 	key string // the key as kept in memory (see Limiter.lookup)
 
+	// Read by decisions without a lock.
 	cur          atomic.Pointer[lease] // the lease decisions take from
 	blockedUntil atomic.Int64          // mono ns: Redis has less than blockedMin for the key until then
 	blockedMin   atomic.Int64          // what a lease call failed to get: decisions that need as much from Redis are denied
 	blockedRetry atomic.Int64          // mono ns: when Redis said blockedMin would fit (at or after blockedUntil)
-	dirty        atomic.Bool           // marked for the syncer
-	dead         atomic.Bool           // evicted or dropped from the table
-	touched      atomic.Bool           // the LRU table heard of a use since the last tick
 	lastUse      atomic.Int64          // mono ns of the last decision, to a 32nd of the period
 	missed       atomic.Uint64         // denied since the last tick: decisions << 32 | units
+	allowed      atomic.Uint64         // allowed decisions of past ticks (the tick folds lease.tick into it)
+	denied       atomic.Uint64         // denied decisions of past ticks (the tick folds missed into it)
+	waited       atomic.Uint64         // decisions that waited on Redis
 
-	allowed atomic.Uint64 // allowed decisions of past ticks (the syncer folds tick into it)
-	denied  atomic.Uint64 // denied decisions of past ticks (the syncer folds missed into it)
-	waited  atomic.Uint64 // decisions that waited on Redis
+	// The Limiter's bookkeeping of the key.
+	dirty   atomic.Bool // marked for the syncer
+	dead    atomic.Bool // evicted or dropped from the table
+	touched atomic.Bool // the LRU table heard of a use since the last tick
+	lead    int64       // ns before its window's end that the key leases the next window
 
-	mu    gosync.Mutex // guards what follows, and lease replacement
-	next  *lease       // quota of the next window, leased ahead of it
+	mu gosync.Mutex // guards what follows, and replacing cur: see lockedCounter
+
+	next  *lease // quota of the next window, leased ahead of it
 	debts []debt
-	old   []*lease // replaced since the last tick: their counts are folded at the next one
-	// A key has at most one lease call outstanding: a new one is made only
-	// once the last one's reply was seen. Redis keeps a replay record of
-	// the last call on a counter, so a call resent after a lost reply finds
-	// its own record unless another instance's call came between.
-	call    *sent
-	flight  *flight // the outstanding call, while it is on its way
-	nextIdx int64   // the lowest window an estimated lease may take
+	old   []*lease   // replaced since the last tick: their counts are folded at the next one
+	out   *leaseCall // the key's outstanding lease call, if any (see leaseCall)
+
+	nextIdx int64 // the lowest window an estimated lease may take
 	// What the last window seen of this key is known to have: its index,
 	// what was borrowed in it on credit, its remainder in Redis.
 	spentIdx int64
@@ -135,147 +57,280 @@ type counter struct {
 	freeIdx  int64
 	freeVal  int64
 
-	// Demand, in units asked (allowed or denied), guarded by mu: smoothed,
-	// in units per period, over the visits of the syncer (the last at
-	// planned), and counted per window (the window askedIdx, and the one
-	// before it).
+	// Demand, in units asked (allowed or denied): smoothed, in units per
+	// period, over the syncer's visits (the last at planned), and counted
+	// per window (the window askedIdx, and the one before it).
 	rate      float64
 	planned   int64
 	askedIdx  int64
 	asked     int64
 	prevAsked int64
 
-	expired int64 // leased units whose window ended before they were used; guarded by mu
-
-	lead  int64 // ns before its window's end that the key leases the next window
-	visit int64 // the sync tick a visit is scheduled for (0: none); guarded by mu
+	expired   int64 // leased units whose window ended before they were used
+	visitTick int64 // the sync tick a visit is scheduled for (0: none)
 }
 
-// flight is a key's lease call on its way; decisions of the key wait for it.
-type flight struct {
-	done chan struct{}
-	err  error
+// visit is how soon the syncer must see a key after a transition.
+type visit uint8
+
+const (
+	visitNone visit = iota
+	visitSoon       // at its next tick: marked once per tick, without a lock (Limiter.soon)
+	visitNow        // marked now (Limiter.mark)
+)
+
+// or returns the sooner of v and w.
+func (v visit) or(w visit) visit { return max(v, w) }
+
+// lockedCounter is a counter whose mutex is held: the transitions that
+// need the lock are its methods, so that holding it is a matter of types.
+type lockedCounter counter
+
+// lock locks c and returns it as a lockedCounter; unlock it when done.
+func (c *counter) lock() *lockedCounter {
+	c.mu.Lock()
+	return (*lockedCounter)(c)
 }
 
-// owe records quota owed for window idx. Caller holds c.mu.
-func (c *counter) owe(idx, refund, use int64) {
+func (lc *lockedCounter) unlock()           { lc.mu.Unlock() }
+func (lc *lockedCounter) counter() *counter { return (*counter)(lc) }
+
+// take decides n units at now from the lease in hand, or denies them when
+// Redis refused the key until later. ok is false when neither can decide:
+// the decision goes on to the slow path. An admission returns the lease it
+// took n from. The syncer should hear of the key soon when its lease ran
+// low, or when it was refused.
+func (c *counter) take(p *params, n, now int64) (d ratelimit.Decision, l *lease, v visit, ok bool) {
+	l = c.cur.Load()
+	if l != nil && now < l.end {
+		for {
+			a := l.avail.Load()
+			if a < n {
+				break
+			}
+			if l.avail.CompareAndSwap(a, a-n) {
+				c.admitted(p, l, n, now)
+				if a-n < l.low.Load() {
+					v = visitSoon // running low: the syncer tops it up
+				}
+				return p.allowed(a-n+max(0, l.free.Load()), l, now), l, v, true
+			}
+		}
+	}
+	if until := c.blockedUntil.Load(); now < until && n-availAt(l, now) >= c.blockedMin.Load() {
+		c.refused(p, n, now)
+		retry := max(until, c.blockedRetry.Load()) - now
+		d = p.denied(retry, retry)
+		if l != nil && now < l.end {
+			d.Remaining = int(max(0, l.avail.Load()))
+			d.ResetAfter = time.Duration(l.end - now)
+		}
+		return d, nil, visitSoon, true
+	}
+	return ratelimit.Decision{}, nil, visitNone, false
+}
+
+// admitted records an admitted decision: one atomic add for the counts
+// (beside avail), and a store of the last use only when it moved by a 32nd
+// of the period (it serves idle detection only, and a store on every
+// decision would make the line bounce between cores).
+func (c *counter) admitted(p *params, l *lease, n, now int64) {
+	l.tick.Add(1<<32 | uint64(n))
+	c.noteUse(p, now)
+}
+
+// refused records a denied decision of n units: it counts as demand.
+func (c *counter) refused(p *params, n, now int64) {
+	c.missed.Add(1<<32 | uint64(n))
+	c.noteUse(p, now)
+}
+
+func (c *counter) noteUse(p *params, now int64) {
+	if now-c.lastUse.Load() > p.useGrain {
+		c.lastUse.Store(now)
+	}
+}
+
+// block records, at now, that Redis could not grant least units until
+// retry (mono ns): decisions that would need as much from it are denied
+// (and told retry) without asking again until then, or for maxBlock at
+// most; smaller ones may still ask. Redis is asked again before retry
+// because the window's remainder may be held in other instances' leases,
+// which come back (a key gone quiet elsewhere, an instance closed) long
+// before a long window ends.
+func (c *counter) block(least, now, retry int64) {
+	c.blockedMin.Store(max(0, least))
+	c.blockedRetry.Store(retry)
+	c.blockedUntil.Store(min(retry, now+maxBlock))
+}
+
+// maxBlock bounds how long a key waits, in ns, before asking Redis again
+// for quota Redis refused it.
+const maxBlock = int64(1e9)
+
+// roll makes the lease taken ahead for the next window the one decisions
+// take from, once that window has begun. It reports whether it did.
+func (c *counter) roll(p *params, now int64, f fleet) (rolled bool, v visit) {
+	if l := c.cur.Load(); l != nil && now < l.end {
+		return false, visitNone
+	}
+	lc := c.lock()
+	defer lc.unlock()
+	return lc.roll(p, now, f)
+}
+
+// roll: see counter.roll. The next window begins at the current lease's
+// end; without a current lease, at the next lease's start less the
+// estimate's error (the two come from different replies).
+func (lc *lockedCounter) roll(p *params, now int64, f fleet) (rolled bool, v visit) {
+	nl := lc.next
+	if nl == nil {
+		return false, visitNone
+	}
+	cur := lc.cur.Load()
+	switch {
+	case cur != nil && cur.idx < nl.idx && now < cur.end:
+		return false, visitNone // the current window still runs
+	case cur == nil && now < nl.start-f.clock.errorBound():
+		return false, visitNone
+	}
+	lc.next = nil
+	if cur != nil && cur.idx >= nl.idx || now >= nl.end {
+		// It cannot serve: a lease of its window is in hand, or its window
+		// is over too.
+		lc.retire(p, nl, now, f)
+		return false, visitNone
+	}
+	lc.cur.Store(nl)
+	if cur != nil {
+		lc.retireAndStep(p, cur, now, f)
+		return true, visitNow
+	}
+	return true, visitNone
+}
+
+// retire turns what lease l holds into debts, or drops its unused units
+// when its window bounds nothing any more (see policy.obsolete), and
+// remembers what its window borrowed. l must be unpublished already.
+func (lc *lockedCounter) retire(p *params, l *lease, now int64, f fleet) {
+	lc.old = append(lc.old, l)
+	b := l.closeBorrowing()
+	refund, use := l.avail.Swap(0), l.credit.Swap(0)
+	if p.policy.obsolete(l.idx, now, f) {
+		lc.expired += refund
+		refund = 0
+	}
+	lc.owe(l.idx, refund, use)
+	if l.idx >= lc.spentIdx {
+		lc.spentIdx, lc.spent = l.idx, b
+	}
+}
+
+// retireAndStep retires the lease that was current and keeps estimates
+// from ever stepping back into its window; the syncer must then visit the
+// key (visitNow).
+func (lc *lockedCounter) retireAndStep(p *params, l *lease, now int64, f fleet) {
+	lc.retire(p, l, now, f)
+	lc.nextIdx = max(lc.nextIdx, l.idx+1)
+}
+
+// retireAll takes c's leases away and turns what they hold into debts
+// (Flush, Close, eviction). It reports whether there is something to send.
+func (lc *lockedCounter) retireAll(p *params, now int64, f fleet) bool {
+	if l := lc.cur.Swap(nil); l != nil {
+		lc.retire(p, l, now, f)
+	}
+	if l := lc.next; l != nil {
+		lc.next = nil
+		lc.retire(p, l, now, f)
+	}
+	return len(lc.debts) > 0 || lc.out != nil
+}
+
+// owe records quota owed for window idx.
+func (lc *lockedCounter) owe(idx, refund, use int64) {
 	if refund == 0 && use == 0 {
 		return
 	}
-	for i := range c.debts {
-		if c.debts[i].idx == idx {
-			c.debts[i].refund += refund
-			c.debts[i].use += use
+	for i := range lc.debts {
+		if lc.debts[i].idx == idx {
+			lc.debts[i].refund += refund
+			lc.debts[i].use += use
 			return
 		}
 	}
-	c.debts = append(c.debts, debt{idx: idx, refund: refund, use: use})
+	lc.debts = append(lc.debts, debt{idx: idx, refund: refund, use: use})
+}
+
+// oweCredit turns the credit of the current lease into a debt.
+func (lc *lockedCounter) oweCredit() {
+	if cur := lc.cur.Load(); cur != nil {
+		if cr := cur.credit.Swap(0); cr > 0 {
+			lc.owe(cur.idx, 0, cr)
+		}
+	}
+}
+
+// oweLate turns credit added to replaced leases after they were replaced
+// (a borrower between its CAS and its add) into debts.
+func (lc *lockedCounter) oweLate() {
+	for _, l := range lc.old {
+		if cr := l.credit.Swap(0); cr > 0 {
+			lc.owe(l.idx, 0, cr)
+		}
+	}
 }
 
 // newLease makes the lease of window idx. A window's credit budget and its
 // last-known remainder survive the lease object: a lease made again for the
-// same window carries them. Caller holds c.mu.
-func (c *counter) newLease(idx, start, end int64, known bool) *lease {
+// same window carries them.
+func (lc *lockedCounter) newLease(idx, start, end int64, known bool) *lease {
 	l := &lease{idx: idx, start: start, end: end, known: known}
 	l.free.Store(unknownFree)
-	if idx == c.spentIdx {
-		l.borrowed.Store(c.spent)
+	if idx == lc.spentIdx {
+		l.borrowed.Store(lc.spent)
 	}
-	if idx == c.freeIdx {
-		l.free.Store(c.freeVal)
+	if idx == lc.freeIdx {
+		l.free.Store(lc.freeVal)
 	}
 	return l
 }
 
 // setFree records window idx's remainder in Redis on l (which may be nil).
-// Caller holds c.mu.
-func (c *counter) setFree(l *lease, idx, free int64) {
+func (lc *lockedCounter) setFree(l *lease, idx, free int64) {
 	if l != nil && l.idx == idx {
 		l.free.Store(free)
 	}
-	if idx >= c.freeIdx {
-		c.freeIdx, c.freeVal = idx, free
+	if idx >= lc.freeIdx {
+		lc.freeIdx, lc.freeVal = idx, free
 	}
 }
 
 // knownFree returns window idx's remainder as last heard from Redis.
-// Caller holds c.mu.
-func (c *counter) knownFree(idx int64) (int64, bool) {
-	for _, l := range [...]*lease{c.cur.Load(), c.next} {
+func (lc *lockedCounter) knownFree(idx int64) (int64, bool) {
+	for _, l := range [...]*lease{lc.cur.Load(), lc.next} {
 		if l != nil && l.idx == idx {
 			if f := l.free.Load(); f != unknownFree {
 				return f, true
 			}
 		}
 	}
-	if idx == c.freeIdx {
-		return c.freeVal, true
+	if idx == lc.freeIdx {
+		return lc.freeVal, true
 	}
 	return 0, false
 }
 
-// retireLease turns what lease l holds into debts (refund moot is false) or
-// drops its unused units (moot: its window bounds nothing any more), and
-// remembers what its window borrowed. Caller holds c.mu and has already
-// unpublished l.
-func (c *counter) retireLease(l *lease, moot bool) {
-	c.old = append(c.old, l)
-	b := l.closeBorrowing()
-	refund, use := l.avail.Swap(0), l.credit.Swap(0)
-	if moot {
-		c.expired += refund
-		refund = 0
-	}
-	c.owe(l.idx, refund, use)
-	if l.idx >= c.spentIdx {
-		c.spentIdx, c.spent = l.idx, b
-	}
-}
-
-// grow adds g units to l and sets its low-water mark: a quarter of what it
-// then holds, so the syncer hears of the key while the lease still covers
-// about a third of the demand it was sized for.
-func (l *lease) grow(g int64) {
-	a := l.avail.Add(g)
-	l.low.Store(max(1, a/4))
-}
-
-// closedBudget marks a lease's credit budget as closed: no borrow's CAS can
-// succeed on it any more (b+n > share for every share).
-const closedBudget = math.MaxInt64 / 4
-
-// closeBorrowing closes l's credit budget and returns what was borrowed on
-// it. A borrower that loaded l before it was replaced fails its CAS and
-// retries on the new lease, so a window's budget is never handed out twice.
-func (l *lease) closeBorrowing() int64 {
-	b := l.borrowed.Swap(closedBudget)
-	if b >= closedBudget {
-		return 0 // closed before
-	}
-	return b
-}
-
-// reportLate turns credit added to replaced leases after they were
-// replaced (a borrower between its CAS and its add) into debts. Caller
-// holds c.mu.
-func (c *counter) reportLate() {
-	for _, l := range c.old {
-		if cr := l.credit.Swap(0); cr > 0 {
-			c.owe(l.idx, 0, cr)
-		}
-	}
-}
-
-// takeTick returns and resets what the counter's leases admitted since the
-// last tick: allowed decisions << 32 | units. A pre-leased lease that was
-// taken from is no longer untouched. Caller holds c.mu.
-func (c *counter) takeTick() uint64 {
+// takeTick returns and resets what the key's leases admitted since the
+// last tick: allowed decisions << 32 | units. A lease taken ahead that was
+// taken from is no longer untouched.
+func (lc *lockedCounter) takeTick() uint64 {
 	var t uint64
-	for _, l := range c.old {
+	for _, l := range lc.old {
 		t += l.tick.Swap(0)
 	}
-	c.old = c.old[:0]
-	if l := c.cur.Load(); l != nil {
+	lc.old = lc.old[:0]
+	if l := lc.cur.Load(); l != nil {
 		lt := l.tick.Swap(0)
 		if lt != 0 {
 			l.pre = false
@@ -285,31 +340,142 @@ func (c *counter) takeTick() uint64 {
 	return t
 }
 
-// peekTick is takeTick without the reset. Caller holds c.mu.
-func (c *counter) peekTick() uint64 {
+// peekTick is takeTick without the reset.
+func (lc *lockedCounter) peekTick() uint64 {
 	var t uint64
-	for _, l := range c.old {
+	for _, l := range lc.old {
 		t += l.tick.Load()
 	}
-	if l := c.cur.Load(); l != nil {
+	if l := lc.cur.Load(); l != nil {
 		t += l.tick.Load()
 	}
 	return t
 }
 
-// block records, at mono, that Redis could not grant least units until
-// mono ns retry: decisions that would need as much from it are denied
-// (and told retry) without asking again until then, or for maxBlock at
-// most; smaller ones may still ask. Redis is asked again before retry
-// because the window's remainder may be held in other instances' leases,
-// which come back (a key gone quiet elsewhere, an instance closed) long
-// before a long window ends.
-func (c *counter) block(least, mono, retry int64) {
-	c.blockedMin.Store(max(0, least))
-	c.blockedRetry.Store(retry)
-	c.blockedUntil.Store(min(retry, mono+maxBlock))
+// counts returns what the key decided, folding in what its leases and
+// refusals hold since the last tick: for Stats.
+func (lc *lockedCounter) counts() (allowed, denied, waited uint64, expired int64) {
+	t := lc.peekTick()
+	return lc.allowed.Load() + t>>32, lc.denied.Load() + lc.missed.Load()>>32, lc.waited.Load(), lc.expired
 }
 
-// maxBlock bounds how long a key waits, in ns, before asking Redis again
-// for quota Redis refused it.
-const maxBlock = int64(1e9)
+// drain empties the key's counts for good (it leaves the table), for
+// Stats' retired counts.
+func (lc *lockedCounter) drain() (allowed, denied, waited uint64, expired int64) {
+	t := lc.takeTick()
+	expired, lc.expired = lc.expired, 0
+	return lc.allowed.Swap(0) + t>>32, lc.denied.Swap(0) + lc.missed.Swap(0)>>32, lc.waited.Swap(0), expired
+}
+
+// creditShare is what the instance may admit on credit in window idx when
+// Redis is slow or away: per, bounded by the window's last-known remainder
+// shared by the instances.
+func (lc *lockedCounter) creditShare(idx, per int64, f fleet) int64 {
+	if free, ok := lc.knownFree(idx); ok {
+		return min(per, max(0, free)/f.instances)
+	}
+	return per
+}
+
+// creditLease returns the lease of the window now falls in, to hold credit,
+// making an empty one when the key has none.
+func (c *counter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
+	if l := c.cur.Load(); l != nil && now < l.end {
+		return l, visitNone
+	}
+	lc := c.lock()
+	defer lc.unlock()
+	_, v := lc.roll(p, now, f)
+	if l := lc.cur.Load(); l != nil && now < l.end {
+		return l, v
+	}
+	return p.policy.creditLease(lc, now, f), visitNow
+}
+
+// onCredit admits n on credit against the window now falls in, within share
+// per window; the syncer reports the credit to Redis, so the caller has it
+// visit the key after an admission. An admission returns the lease that
+// holds the credit.
+func (c *counter) onCredit(p *params, n, now, share int64, f fleet) (d ratelimit.Decision, l *lease, v visit, ok bool) {
+	l, v = c.creditLease(p, now, f)
+	p.policy.newCreditPeriod(c, l, now)
+	for {
+		b := l.borrowed.Load()
+		if b >= closedBudget { // replaced meanwhile: take credit on its successor
+			var w visit
+			l, w = c.creditLease(p, now, f)
+			v = v.or(w)
+			continue
+		}
+		if b+n > share {
+			return ratelimit.Decision{}, nil, v, false
+		}
+		if l.borrowed.CompareAndSwap(b, b+n) {
+			l.credit.Add(n)
+			c.admitted(p, l, n, now)
+			rem := share - b - n
+			if share == math.MaxInt64 {
+				rem = p.capacity
+			}
+			return p.allowed(rem, l, now), l, v.or(visitSoon), true
+		}
+	}
+}
+
+// giveBack returns n units a decision took in window idx: into the lease
+// in hand when it is of that window (the instance's next decisions take
+// them), else as a refund the syncer sends, unless the window no longer
+// counts. Whether the decision took from the lease or on credit, the units
+// are the instance's to give: credit is reported to Redis all the same.
+func (lc *lockedCounter) giveBack(p *params, idx, n, now int64, f fleet) visit {
+	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end {
+		l.avail.Add(n)
+		return visitNone
+	}
+	if p.policy.obsolete(idx, now, f) {
+		lc.expired += n
+		return visitNone
+	}
+	lc.owe(idx, n, 0)
+	return visitNow
+}
+
+// charge takes n units for work already done, even past the limit: from
+// the lease in hand as far as it goes, the rest on credit against the
+// current window (or the bucket), outside any credit budget. The syncer
+// reports the credit; Redis then counts the window over its limit (or the bucket below empty)
+// and grants nothing until it is paid back.
+func (c *counter) charge(p *params, n, now int64, f fleet) visit {
+	if l := c.cur.Load(); l != nil && now < l.end {
+		for {
+			a := l.avail.Load()
+			t := min(a, n)
+			if t <= 0 {
+				break
+			}
+			if l.avail.CompareAndSwap(a, a-t) {
+				l.tick.Add(uint64(t))
+				n -= t
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return visitNone
+	}
+	l, v := c.creditLease(p, now, f)
+	for {
+		b := l.borrowed.Load()
+		if b >= closedBudget { // replaced meanwhile: charge its successor
+			var w visit
+			l, w = c.creditLease(p, now, f)
+			v = v.or(w)
+			continue
+		}
+		if l.borrowed.CompareAndSwap(b, b+n) {
+			l.credit.Add(n)
+			l.tick.Add(uint64(n))
+			return v.or(visitSoon)
+		}
+	}
+}

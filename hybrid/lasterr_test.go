@@ -18,14 +18,14 @@ func TestLastErrorKeepsTheCause(t *testing.T) {
 	noauth := errors.New("NOAUTH Authentication required.")
 	for _, vagueErr := range []error{io.EOF, io.ErrUnexpectedEOF, context.DeadlineExceeded,
 		fmt.Errorf("read: %w", syscall.ECONNRESET), fmt.Errorf("write: %w", net.ErrClosed)} {
-		h := &Limiter{}
+		h := &health{}
 		h.noteErr(noauth)
 		h.noteErr(vagueErr)
 		if got := h.lastErr.Load().err; got != noauth {
 			t.Errorf("after %v: last error %v, want the NOAUTH before it", vagueErr, got)
 		}
 	}
-	h := &Limiter{}
+	h := &health{}
 	h.noteErr(io.EOF)
 	h.noteErr(noauth)
 	if got := h.lastErr.Load().err; got != noauth {
@@ -36,7 +36,7 @@ func TestLastErrorKeepsTheCause(t *testing.T) {
 	if got := h.lastErr.Load().err; got != wrongpass {
 		t.Errorf("a specific error replaces another: got %v", got)
 	}
-	h = &Limiter{}
+	h = &health{}
 	h.noteErr(io.EOF)
 	h.noteErr(context.DeadlineExceeded)
 	if got := h.lastErr.Load().err; got != context.DeadlineExceeded {

@@ -102,13 +102,13 @@ func NewMulti(client redis.UniversalClient, limits []ratelimit.Limit, opts ...Op
 			m.Close()
 			return nil, err
 		}
-		if i > 0 && m.lims[0].learned.Load() {
-			h.liveInstances.Store(m.lims[0].liveInstances.Load())
-			h.learned.Store(true)
+		if i > 0 && m.lims[0].health.learned.Load() {
+			h.health.live.Store(m.lims[0].health.live.Load())
+			h.health.learned.Store(true)
 		}
 		m.lims = append(m.lims, h)
-		if i == 0 || h.capacity < m.maxN {
-			m.maxN = h.capacity
+		if i == 0 || h.p.capacity < m.maxN {
+			m.maxN = h.p.capacity
 		}
 	}
 	return m, nil
@@ -231,7 +231,8 @@ func (m *Multi) decide(ctx context.Context, key string, n int, states []ratelimi
 // reports whether one denied and how many could not decide.
 func (m *Multi) fast(r *round, n int64, states []ratelimit.LimitState) (denied bool, missed int) {
 	for i, h := range m.lims {
-		d, l, ok := h.fast(r.cs[i], n, h.mono())
+		d, l, v, ok := r.cs[i].take(h.p, n, h.mono())
+		h.tell(r.cs[i], v)
 		r.asked[i] = ok
 		if !ok {
 			missed++
@@ -311,10 +312,10 @@ func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states 
 	}
 	for i, h := range m.lims {
 		if !r.asked[i] {
-			states[i] = h.peek(r.cs[i], n)
+			states[i] = r.cs[i].peek(h.p, n, h.mono(), h.facts())
 		} else if states[i].Allowed {
 			// It took nothing in the end: its state as it stands.
-			states[i].Remaining = int(min(int64(states[i].Remaining)+n, h.capacity))
+			states[i].Remaining = int(min(int64(states[i].Remaining)+n, h.p.capacity))
 		}
 	}
 	if !denied { // the leases kept going to others: deny, as Limiter does
@@ -339,7 +340,8 @@ type leased struct {
 func (m *Multi) lease(ctx context.Context, key string, cs [ratelimit.MaxLimits]*counter, ask [ratelimit.MaxLimits]bool,
 	n int64, expired chan struct{}) (res [ratelimit.MaxLimits]leased) {
 	one := func(i int) {
-		d, l, err := m.lims[i].slow(ctx, cs[i], key, n, expired)
+		h := m.lims[i]
+		d, l, err := h.slow(ctx, cs[i], key, n, h.mono(), expired)
 		res[i] = leased{st: stateOf(d), err: err}
 		if err == nil && d.Allowed {
 			res[i].l = l
@@ -370,40 +372,40 @@ func stateOf(d ratelimit.Decision) ratelimit.LimitState {
 		Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 }
 
-// peek returns c's state as the instance knows it, without consuming or
-// asking Redis: what its lease holds and what Redis last reported free.
-func (h *Limiter) peek(c *counter, n int64) ratelimit.LimitState {
-	mono := h.mono()
+// peek returns c's state as the instance knows it at now, without
+// consuming or asking Redis: what its lease holds and what Redis last
+// reported free.
+func (c *counter) peek(p *params, n, now int64, f fleet) ratelimit.LimitState {
 	idx, end := int64(0), int64(noEnd) // a bucket's lease and remainder
-	c.mu.Lock()
-	if !h.bucket {
-		idx, end = h.windowOf(c, mono)
+	lc := c.lock()
+	if !p.bucket {
+		idx, end = p.policy.window(lc, now, f)
 	}
 	have := int64(0)
-	if l := c.cur.Load(); l != nil && l.idx == idx && mono < l.end {
+	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end {
 		have = max(0, l.avail.Load())
 	}
-	free, known := c.knownFree(idx)
-	c.mu.Unlock()
-	rem := h.capacity
+	free, known := lc.knownFree(idx)
+	lc.unlock()
+	rem := p.capacity
 	if known {
-		rem = min(have+max(0, free), h.capacity)
+		rem = min(have+max(0, free), p.capacity)
 	}
-	st := ratelimit.LimitState{Limit: h.limit, Algorithm: h.cfg.algorithm, Remaining: int(rem)}
+	st := ratelimit.LimitState{Limit: p.limit, Algorithm: p.alg, Remaining: int(rem)}
 	var wait int64
-	if h.bucket {
-		st.ResetAfter = time.Duration(h.bucketReset(rem))
+	if p.bucket {
+		st.ResetAfter = time.Duration(p.bucketReset(rem))
 		if rem < n { // until the refill brings the missing tokens
-			wait = ((n-rem)*h.periodNS + h.rate - 1) / h.rate
+			wait = ((n-rem)*p.periodNS + p.rate - 1) / p.rate
 		}
 	} else {
-		st.ResetAfter = time.Duration(max(0, end-mono))
+		st.ResetAfter = time.Duration(max(0, end-now))
 		if rem < n {
-			wait = max(0, end-mono)
+			wait = max(0, end-now)
 		}
 	}
-	if until := c.blockedUntil.Load(); mono < until {
-		wait = max(wait, until-mono, c.blockedRetry.Load()-mono)
+	if until := c.blockedUntil.Load(); now < until {
+		wait = max(wait, until-now, c.blockedRetry.Load()-now)
 	}
 	st.RetryAfter, st.Allowed = time.Duration(wait), wait == 0
 	return st

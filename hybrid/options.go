@@ -80,7 +80,26 @@ type config struct {
 	heartbeatEvery  time.Duration
 	instanceID      string
 	observer        func(Event)
+	clock           func() time.Time // WithClock; nil: time.Now and Redis TIME
 }
+
+// now returns the time by the configured clock.
+func (c *config) now() time.Time {
+	if c.clock != nil {
+		return c.clock()
+	}
+	return time.Now()
+}
+
+// callTimeout is the deadline of one Redis call. It is longer than the
+// timeout a decision waits: a reply that comes late is still installed
+// (and tells the breaker Redis answers), rather than lost and sent again.
+func (c *config) callTimeout() time.Duration {
+	return max(minCallTimeout, 4*c.timeout)
+}
+
+// drainTimeout is the longest Flush and Close take: max(2s, 5 timeouts).
+func (c *config) drainTimeout() time.Duration { return max(defaultFinalFlushBudget, 5*c.timeout) }
 
 func defaultConfig() config {
 	return config{
@@ -225,8 +244,9 @@ func WithMode(m Mode) Option {
 	})
 }
 
-// WithTimeout sets the deadline of every Redis call (default
-// DefaultTimeout, 500ms). A decision never waits on Redis longer than this.
+// WithTimeout sets how long a decision waits on Redis at most (default
+// DefaultTimeout, 500ms). A Redis call gets four times as long (at least
+// 1s) before it counts as lost.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d <= 0 {
@@ -300,6 +320,21 @@ func WithInstanceID(id string) Option {
 func WithObserver(fn func(Event)) Option {
 	return optionFunc(func(c *config) error {
 		c.observer = fn
+		return nil
+	})
+}
+
+// WithClock makes the Limiter read the time from now, and pass it to its
+// Redis scripts in place of the server's TIME, so that tests and
+// simulations drive windows, leases and buckets without sleeping. now must
+// be safe for concurrent use, and every limiter that shares keys with this
+// one (hybrid or global, WithClock too) must read the same clock. A nil
+// now, like no WithClock at all, selects the default: the process's clock
+// for leases, and Redis server time for windows, which production fleets
+// must use (instances with skewed clocks then still count in one window).
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) error {
+		c.clock = now
 		return nil
 	})
 }

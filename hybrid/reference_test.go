@@ -1,7 +1,6 @@
 package hybrid
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/script"
-	bgsync "github.com/hybridlimit/ratelimit/sync"
 )
 
 // refLimiter is the reference of a key's lease and hot path: the same rules
@@ -26,15 +24,17 @@ import (
 // Time is mono nanoseconds, and Redis time equals it (offset 0): window i
 // spans [i*P, (i+1)*P).
 type refLimiter struct {
-	mu      gosync.Mutex
-	p, r    int64
-	cur     *refLease
-	next    *refLease
-	blocked int64
-	debts   map[int64][2]int64 // window -> refund, use
-	freeIdx int64
-	freeVal int64
-	hasFree bool
+	mu       gosync.Mutex
+	p, r     int64
+	capacity int64
+	alg      ratelimit.Algorithm
+	cur      *refLease
+	next     *refLease
+	blocked  int64
+	debts    map[int64][2]int64 // window -> refund, use
+	freeIdx  int64
+	freeVal  int64
+	hasFree  bool
 }
 
 type refLease struct {
@@ -44,9 +44,11 @@ type refLease struct {
 	known, pre      bool
 }
 
-func newRef(limit ratelimit.Limit) *refLimiter {
-	return &refLimiter{p: int64(limit.Period), r: int64(limit.Rate), debts: map[int64][2]int64{}}
+func newRef(limit ratelimit.Limit, alg ratelimit.Algorithm) *refLimiter {
+	return &refLimiter{p: int64(limit.Period), r: int64(limit.Rate), capacity: int64(limit.Capacity(alg)), alg: alg, debts: map[int64][2]int64{}}
 }
+
+func (r *refLimiter) bucket() bool { return r.alg == ratelimit.TokenBucket || r.alg == ratelimit.GCRA }
 
 // outcome of a decision in memory: allowed, denied in memory (a window
 // known spent), or a miss (Redis must be asked).
@@ -78,7 +80,11 @@ func (r *refLimiter) fast(n, mono int64) (outcome, bool) {
 		if free == unknownFree || free < 0 {
 			free = 0
 		}
-		return outcome{kind: "allowed", remaining: min(l.avail+free, r.r), rst: l.end - mono}, true
+		rem := min(l.avail+free, r.capacity)
+		if r.bucket() { // until the bucket is full again
+			return outcome{kind: "allowed", remaining: rem, rst: (r.capacity - rem) * r.p / r.r}, true
+		}
+		return outcome{kind: "allowed", remaining: rem, rst: l.end - mono}, true
 	}
 	if mono < r.blocked {
 		o := outcome{kind: "denied", retry: r.blocked - mono, rst: r.blocked - mono}
@@ -90,7 +96,37 @@ func (r *refLimiter) fast(n, mono int64) (outcome, bool) {
 	return outcome{}, false
 }
 
-func (r *refLimiter) moot(idx, mono int64) bool { return mono >= (idx+1)*r.p } // FixedWindow
+// moot: a FixedWindow counter once its window ended, a SlidingWindow one a
+// period later, a bucket never.
+func (r *refLimiter) obsolete(idx, mono int64) bool {
+	switch r.alg {
+	case ratelimit.FixedWindow:
+		return mono >= (idx+1)*r.p
+	case ratelimit.SlidingWindow:
+		return mono >= (idx+2)*r.p
+	}
+	return false
+}
+
+// installBucket applies a bucket call's reply read at mono.
+func (r *refLimiter) installBucket(want int64, rep script.BucketReply, mono int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.setFree(r.cur, 0, rep.Level)
+	switch {
+	case rep.Grant > 0:
+		if r.cur == nil {
+			r.cur = &refLease{end: noEnd, known: true, free: unknownFree}
+			if r.hasFree && r.freeIdx == 0 {
+				r.cur.free = r.freeVal
+			}
+		}
+		r.cur.avail += rep.Grant
+		r.blocked = 0
+	case want > 0 && rep.Retry > 0:
+		r.blocked = mono + rep.Retry*1000
+	}
+}
 
 func (r *refLimiter) owe(idx, refund int64) {
 	if refund == 0 {
@@ -102,7 +138,7 @@ func (r *refLimiter) owe(idx, refund int64) {
 }
 
 func (r *refLimiter) retire(l *refLease, mono int64) {
-	if r.moot(l.idx, mono) {
+	if r.obsolete(l.idx, mono) {
 		l.avail = 0
 	}
 	r.owe(l.idx, l.avail)
@@ -150,7 +186,7 @@ func (r *refLimiter) setFree(l *refLease, idx, free int64) {
 	}
 }
 
-func (r *refLimiter) place(idx, g, start, end, mono int64) {
+func (r *refLimiter) putGrant(idx, g, start, end, mono int64) {
 	cur := r.cur
 	switch {
 	case mono >= end:
@@ -188,7 +224,7 @@ func (r *refLimiter) place(idx, g, start, end, mono int64) {
 }
 
 // install applies a reply read at mono (sent at mono too).
-func (r *refLimiter) install(want, wantNext int64, rep script.Reply, mono int64) {
+func (r *refLimiter) takeGrants(want, wantNext int64, rep script.Reply, mono int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	end := (rep.Idx + 1) * r.p
@@ -197,7 +233,7 @@ func (r *refLimiter) install(want, wantNext int64, rep script.Reply, mono int64)
 		r.setFree(r.cur, rep.Idx, r.r-rep.Count)
 		switch {
 		case rep.Grant > 0:
-			r.place(rep.Idx, rep.Grant, end-r.p, end, mono)
+			r.putGrant(rep.Idx, rep.Grant, end-r.p, end, mono)
 		case rep.Retry > 0 && rep.Reset > 0:
 			r.blocked = mono + rep.Retry*1000
 		}
@@ -209,7 +245,7 @@ func (r *refLimiter) install(want, wantNext int64, rep script.Reply, mono int64)
 		}
 		r.setFree(l, rep.Idx+1, r.r-rep.CountNext)
 		if rep.GrantNext > 0 {
-			r.place(rep.Idx+1, rep.GrantNext, end, end+r.p, mono)
+			r.putGrant(rep.Idx+1, rep.GrantNext, end, end+r.p, mono)
 		}
 	}
 }
@@ -273,33 +309,20 @@ func (r *refLimiter) state() state {
 	return s
 }
 
-// testLimiter is a Limiter with no Redis behind it, for the counter's
-// in-memory logic: Redis time equals mono (offset 0) and no sample ever
-// moves it.
-func testLimiter(t *testing.T, limit ratelimit.Limit) *Limiter {
-	t.Helper()
+// testParams are the rules and fleet of a limiter with no Redis behind
+// it, for the key's state machine: one instance, and Redis time equal to
+// mono (offset 0, no error).
+func testParams(limit ratelimit.Limit, alg ratelimit.Algorithm) (*params, fleet) {
 	cfg := defaultConfig()
 	cfg.instances = 1
-	h := &Limiter{
-		limit: limit, rate: int64(limit.Rate), capacity: int64(limit.Capacity(cfg.algorithm)), cfg: cfg,
-		kind: script.Kind(cfg.algorithm, limit), periodNS: int64(limit.Period), periodUS: int64(limit.Period / time.Microsecond),
-		useGrain: int64(limit.Period) / 32, start: time.Now(),
-		clk: newServerClock(0, limit.Period, time.Hour),
-	}
-	s, err := bgsync.New[*counter](func(context.Context, []*counter) ([]*counter, error) { return nil, nil },
-		bgsync.WithInterval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.syncer = s
-	h.tickGap.Store(int64(cfg.syncInterval))
-	t.Cleanup(func() { s.Close(context.Background()) })
-	return h
+	cfg.algorithm = alg
+	p := newParams(limit, cfg)
+	return p, fleet{instances: 1, tickGap: p.interval, clock: clockView{periodUS: p.periodUS}}
 }
 
 func realState(c *counter) state {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	lc := c.lock()
+	defer lc.unlock()
 	s := state{blocked: c.blockedUntil.Load(), cur: "-", next: "-"}
 	if l := c.cur.Load(); l != nil {
 		s.cur = leaseString(l.idx, l.avail.Load(), l.end, true)
@@ -318,10 +341,12 @@ func realState(c *counter) state {
 	return s
 }
 
-func realTake(h *Limiter, c *counter, n, mono int64) outcome {
-	d, _, ok := h.fast(c, n, mono)
-	if !ok && h.roll(c, mono) {
-		d, _, ok = h.fast(c, n, mono)
+func realTake(p *params, f fleet, c *counter, n, mono int64) outcome {
+	d, _, _, ok := c.take(p, n, mono)
+	if !ok {
+		if rolled, _ := c.roll(p, mono, f); rolled {
+			d, _, _, ok = c.take(p, n, mono)
+		}
 	}
 	if !ok {
 		return outcome{kind: "miss"}
@@ -333,23 +358,38 @@ func realTake(h *Limiter, c *counter, n, mono int64) outcome {
 	return o
 }
 
-func realInstall(h *Limiter, c *counter, want, wantNext int64, rep script.Reply, mono int64) {
-	c.mu.Lock()
-	h.install(c, script.LeaseArgs{Want: want, WantNext: wantNext}, rep, mono, mono)
-	c.mu.Unlock()
+func realInstallBucket(p *params, f fleet, c *counter, want int64, rep script.BucketReply, mono int64) {
+	lc := c.lock()
+	k := &leaseCall{c: c, bucket: true, bkt: script.BucketArgs{Want: want}}
+	p.policy.takeGrants(lc, k, &reply{bkt: rep}, exchange{before: mono, after: mono, ok: true}, f)
+	lc.unlock()
 }
 
-// A randomized differential test: the same random operations (decisions,
-// grants of the current and the next window, spent-window replies, window
-// ends, retirements) on the lock-free counter and on the mutex reference
-// give the same decisions and leave the same state after every step.
+func realInstall(p *params, f fleet, c *counter, want, wantNext int64, rep script.Reply, mono int64) {
+	lc := c.lock()
+	k := &leaseCall{c: c, win: script.LeaseArgs{Want: want, WantNext: wantNext}}
+	p.policy.takeGrants(lc, k, &reply{win: rep}, exchange{before: mono, after: mono, ok: true}, f)
+	lc.unlock()
+}
+
+// A randomized differential test, for every algorithm the hybrid leases:
+// the same random operations (decisions, grants of the current and the
+// next window or of tokens, spent-window replies, window ends, retirements)
+// on the lock-free counter and on the mutex reference give the same
+// decisions and leave the same state after every step.
 func TestReferenceDifferential(t *testing.T) {
-	limit := ratelimit.Limit{Rate: 1000, Period: 100 * time.Millisecond}
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) { differential(t, alg) })
+	}
+}
+
+func differential(t *testing.T, alg ratelimit.Algorithm) {
+	limit := ratelimit.Limit{Rate: 1000, Period: 100 * time.Millisecond, Burst: 1000}
 	p := int64(limit.Period)
 	for seed := uint64(1); seed <= 12; seed++ {
-		h := testLimiter(t, limit)
+		pr, f := testParams(limit, alg)
 		c := &counter{key: "k"}
-		ref := newRef(limit)
+		ref := newRef(limit, alg)
 		rng := rand.New(rand.NewPCG(seed, 7))
 		mono := 10 * p // Redis time equals mono
 		for step := 0; step < 1500; step++ {
@@ -357,11 +397,21 @@ func TestReferenceDifferential(t *testing.T) {
 			switch x := rng.IntN(100); {
 			case x < 55:
 				n := 1 + rng.Int64N(8)
-				got, want := realTake(h, c, n, mono), ref.take(n, mono)
+				got, want := realTake(pr, f, c, n, mono), ref.take(n, mono)
 				what = fmt.Sprintf("take %d", n)
 				if got != want {
 					t.Fatalf("seed %d step %d %s at %d: lock-free %+v, reference %+v", seed, step, what, mono, got, want)
 				}
+			case x < 80 && ref.bucket():
+				g := rng.Int64N(40)
+				rep := script.BucketReply{Grant: g, Level: rng.Int64N(1000) - 100}
+				if g == 0 {
+					rep.Retry = 1 + rng.Int64N(p/1000)
+				}
+				want := g + rng.Int64N(2)
+				what = fmt.Sprintf("bucket reply %+v", rep)
+				realInstallBucket(pr, f, c, want, rep, mono)
+				ref.installBucket(want, rep, mono)
 			case x < 75:
 				idx := mono / p
 				g := rng.Int64N(40)
@@ -377,18 +427,20 @@ func TestReferenceDifferential(t *testing.T) {
 					rep.CountNext = rep.GrantNext
 				}
 				what = fmt.Sprintf("reply %+v", rep)
-				realInstall(h, c, want, wantNext, rep, mono)
-				ref.install(want, wantNext, rep, mono)
+				realInstall(pr, f, c, want, wantNext, rep, mono)
+				ref.takeGrants(want, wantNext, rep, mono)
 			case x < 80:
 				// a reply about the window before (a late one)
 				idx := mono/p - 1
 				rep := script.Reply{Idx: idx, Now: mono / 1000, Reset: ((idx+1)*p - mono) / 1000, Grant: 1 + rng.Int64N(20), Count: 500}
 				what = fmt.Sprintf("late reply %+v", rep)
-				realInstall(h, c, 1, 0, rep, mono)
-				ref.install(1, 0, rep, mono)
+				realInstall(pr, f, c, 1, 0, rep, mono)
+				ref.takeGrants(1, 0, rep, mono)
 			case x < 83:
 				what = "retire"
-				h.retireAt(c, mono)
+				lc := c.lock()
+				lc.retireAll(pr, mono, f)
+				lc.unlock()
 				ref.retireAll(mono)
 			default:
 				// time passes: often within the window, sometimes to its
@@ -416,7 +468,7 @@ func TestReferenceDifferential(t *testing.T) {
 func TestReferenceConservation(t *testing.T) {
 	limit := ratelimit.Limit{Rate: math.MaxInt32, Period: 50 * time.Millisecond}
 	p := int64(limit.Period)
-	h := testLimiter(t, limit)
+	pr, f := testParams(limit, ratelimit.FixedWindow)
 	c := &counter{key: "k"}
 	var mono atomic.Int64
 	mono.Store(10 * p)
@@ -434,10 +486,10 @@ func TestReferenceConservation(t *testing.T) {
 				default:
 				}
 				n := int64(1 + g%3)
-				if d, _, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
+				if d, _, _, ok := c.take(pr, n, mono.Load()); ok && d.Allowed {
 					taken.Add(n)
-				} else if h.roll(c, mono.Load()) {
-					if d, _, ok := h.fast(c, n, mono.Load()); ok && d.Allowed {
+				} else if rolled, _ := c.roll(pr, mono.Load(), f); rolled {
+					if d, _, _, ok := c.take(pr, n, mono.Load()); ok && d.Allowed {
 						taken.Add(n)
 					}
 				}
@@ -457,7 +509,7 @@ func TestReferenceConservation(t *testing.T) {
 			rep.GrantNext, rep.CountNext = wantNext, 1
 		}
 		granted += rep.Grant + rep.GrantNext
-		realInstall(h, c, want, wantNext, rep, m)
+		realInstall(pr, f, c, want, wantNext, rep, m)
 		if rng.IntN(10) == 0 {
 			mono.Store((idx + 1) * p) // the window ends
 		} else {
@@ -472,7 +524,7 @@ func TestReferenceConservation(t *testing.T) {
 	// What is left is in the leases in hand or owed back, or was dropped
 	// as its window ended (moot): count the moot drops by retiring with
 	// a clock that makes nothing moot.
-	c.mu.Lock()
+	lc := c.lock()
 	var left int64
 	for _, l := range []*lease{c.cur.Load(), c.next} {
 		if l != nil {
@@ -483,7 +535,7 @@ func TestReferenceConservation(t *testing.T) {
 		left += d.refund
 	}
 	expired := c.expired
-	c.mu.Unlock()
+	lc.unlock()
 	t.Logf("granted %d: taken %d, left in leases or owed %d, expired with their window %d", granted, taken.Load(), left, expired)
 	if taken.Load()+left+expired != granted {
 		t.Fatalf("taken %d + held or owed %d + expired %d != granted %d: units lost or taken twice", taken.Load(), left, expired, granted)

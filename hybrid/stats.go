@@ -53,21 +53,21 @@ func (h *Limiter) Stats() Stats {
 		Expired:        h.st.retiredExpired.Load(),
 		Denied:         h.st.retiredDenied.Load(),
 		KeysTracked:    h.table.Len(),
-		Instances:      int(h.instances()),
-		Degraded:       h.brk.State() != breaker.Closed,
+		Instances:      int(h.health.instances()),
+		Degraded:       h.health.brk.State() != breaker.Closed,
 	}
-	if e := h.lastErr.Load(); e != nil {
+	if e := h.health.lastErr.Load(); e != nil {
 		s.LastError, s.LastErrorAt = e.err, e.at
 	}
 	waited := h.st.retiredWaited.Load()
 	h.table.Range(func(_ string, c *counter) bool {
-		c.mu.Lock()
-		t := c.peekTick()
-		s.Expired += uint64(c.expired)
-		c.mu.Unlock()
-		s.Allowed += c.allowed.Load() + t>>32
-		s.Denied += c.denied.Load() + c.missed.Load()>>32
-		waited += c.waited.Load()
+		lc := c.lock()
+		allowed, denied, w, expired := lc.counts()
+		lc.unlock()
+		s.Allowed += allowed
+		s.Denied += denied
+		s.Expired += uint64(expired)
+		waited += w
 		return true
 	})
 	s.Decisions = s.Allowed + s.Denied
@@ -106,12 +106,4 @@ type Event struct {
 	Kind EventKind
 	Err  error // the failure: for EventFlushError, and for EventDegraded the last Redis error before the breaker opened
 	Time time.Time
-}
-
-func (h *Limiter) emit(e Event) {
-	if h.cfg.observer == nil {
-		return
-	}
-	e.Time = time.Now()
-	h.cfg.observer(e)
 }

@@ -1,0 +1,156 @@
+package hybrid
+
+import (
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// leaseCall is one call of a key's lease script, on the window counters
+// (win) or on the bucket (bkt): made and sized by the key's state machine,
+// sent through the Limiter's pipe, its reply applied by the state machine.
+//
+// A key has at most one outstanding call (counter.out): a new one is made
+// only once the last one's reply was seen. Redis keeps a replay record of
+// the last call on a counter, so a call resent after a lost reply finds
+// its own record unless another instance's call came between.
+type leaseCall struct {
+	c      *counter
+	win    script.LeaseArgs
+	bkt    script.BucketArgs
+	bucket bool
+	// notRun: the last attempt certainly did not run (NOSCRIPT, no
+	// connection), so the call is sent again as new, not as resent.
+	notRun bool
+	// flight is the attempt on its way, while it is; guarded by the key's
+	// mutex.
+	flight *flight
+}
+
+// flight is one attempt of a lease call on its way: the decisions of the
+// key wait for done.
+type flight struct {
+	done chan struct{}
+	err  error // written before done closes
+}
+
+// callID identifies a new call: the Limiter's sequence number, and the
+// nonce Redis' replay record knows it by; now is the time the call counts
+// at, microseconds since the epoch (WithClock), or 0 for Redis TIME.
+type callID struct {
+	seq   int64
+	nonce string
+	now   int64
+}
+
+// newCall starts a lease call for the key, asking for nothing yet.
+func (lc *lockedCounter) newCall(p *params, id callID, f fleet) *leaseCall {
+	base := p.prefix + ":{" + tagOf(lc.key) + "}:"
+	if p.bucket {
+		return &leaseCall{c: lc.counter(), bucket: true, bkt: script.BucketArgs{
+			Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now,
+			Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1,
+		}}
+	}
+	return &leaseCall{c: lc.counter(), win: script.LeaseArgs{
+		Base: base, Kind: p.kind, Limit: p.limit, Now: id.now,
+		Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1,
+	}}
+}
+
+// ask makes the call of a decision of n units that the lease in hand
+// cannot serve at now: the key's outstanding call, sent again, or a new
+// one (identified by id) that carries what the key owes, credit first, and
+// asks for n and more. The key has no flight.
+func (lc *lockedCounter) ask(p *params, id callID, n, now int64, f fleet) *leaseCall {
+	if k := lc.resend(); k != nil {
+		return k
+	}
+	// The grant adds to the lease in hand: n less what it holds will do.
+	var have int64
+	if l := lc.cur.Load(); l != nil && l.known && now < l.end {
+		have = max(0, l.avail.Load())
+	}
+	// What the key owes goes first: credit (an overdraft, say) is counted
+	// before anything is granted.
+	lc.oweCredit()
+	k := lc.newCall(p, id, f)
+	p.policy.ask(lc, k, n, have, now, f)
+	return k
+}
+
+// resend returns the key's outstanding call to send again, or nil: as it
+// was when it certainly did not run, else marked resent (Redis replays it,
+// or applies only its credit). The key has no flight.
+func (lc *lockedCounter) resend() *leaseCall {
+	k := lc.out
+	if k == nil {
+		return nil
+	}
+	if k.notRun {
+		k.notRun = false
+	} else if k.bucket {
+		k.bkt.Resent = true
+	} else {
+		k.win.Resent = true
+	}
+	return k
+}
+
+// startFlight makes k the key's outstanding call, on its way.
+func (lc *lockedCounter) startFlight(k *leaseCall) *flight {
+	k.flight = &flight{done: make(chan struct{})}
+	lc.out = k
+	return k.flight
+}
+
+// inFlight returns the attempt of the key's call on its way, or nil.
+func (lc *lockedCounter) inFlight() *flight {
+	if lc.out == nil {
+		return nil
+	}
+	return lc.out.flight
+}
+
+// endFlight ends attempt f of k: the decisions waiting for it go on. When the
+// reply was not seen (err), the call stays outstanding, in doubt, to be
+// sent again (as new when notRun).
+func (lc *lockedCounter) endFlight(k *leaseCall, f *flight, err error, notRun bool) {
+	if err != nil && lc.out == k {
+		k.notRun = notRun
+	}
+	if k.flight == f {
+		k.flight = nil
+	}
+	f.err = err
+	close(f.done)
+}
+
+// seq is the call's sequence number: the same when it is sent again.
+func (k *leaseCall) seq() int64 {
+	if k.bucket {
+		return k.bkt.Seq
+	}
+	return k.win.Seq
+}
+
+func (k *leaseCall) resent() bool {
+	if k.bucket {
+		return k.bkt.Resent
+	}
+	return k.win.Resent
+}
+
+// empty reports whether the call carries nothing worth sending.
+func (k *leaseCall) empty() bool {
+	if k.bucket {
+		return k.bkt.Refund == 0 && k.bkt.Use == 0 && k.bkt.Want == 0
+	}
+	return len(k.win.Adjust) == 0 && k.win.Want == 0 && k.win.WantNext == 0
+}
+
+// request returns the call as the pipe sends it.
+func (k *leaseCall) request() request {
+	if k.bucket {
+		return request{script: script.Bucket, keys: k.bkt.Keys(), args: k.bkt.Args(), parse: parseBucket}
+	}
+	return request{script: script.Lease, keys: k.win.Keys(), args: k.win.Args(), parse: parseLease}
+}

@@ -1,0 +1,128 @@
+package hybrid
+
+import (
+	"hash/fnv"
+	"strings"
+
+	"github.com/hybridlimit/ratelimit/internal/script"
+	bgsync "github.com/hybridlimit/ratelimit/sync"
+)
+
+// The keys a Limiter tracks: a lock-free index in front of a bounded LRU
+// table (local.Table), which decides evictions.
+
+// lookup finds or makes the counter of key. A hit takes no lock: the index
+// is read-mostly, and the LRU table hears of a key's use at most once per
+// sync tick.
+//
+// A key is kept once, in the index, the table and the counter alike: a
+// copy of it (so a caller's larger buffer is not retained), or, for a key
+// longer than script.MaxVerbatimKey bytes, a digest of it (see indexKey),
+// so a key costs a bounded number of bytes whatever its length.
+func (h *Limiter) lookup(key string) *counter {
+	k := key
+	if len(k) > script.MaxVerbatimKey {
+		k = indexKey(key)
+	}
+	if v, ok := h.index.Load(k); ok {
+		c := v.(*counter)
+		if !c.touched.Load() {
+			c.touched.Store(true)
+			h.table.Get(k)
+		}
+		return c
+	}
+	if len(key) <= script.MaxVerbatimKey {
+		k = strings.Clone(key)
+	}
+	c, created := h.table.GetOrCreate(k, func() *counter {
+		return &counter{key: k, lead: h.p.leadOf(k)}
+	})
+	if created || !c.dead.Load() {
+		h.index.Store(k, c)
+	}
+	return c
+}
+
+// evicted is the key table's eviction callback: the counter's leases go
+// back to Redis at the next sync.
+func (h *Limiter) evicted(_ string, c *counter) {
+	c.dead.Store(true)
+	h.index.CompareAndDelete(c.key, c) // unless the key has a newer counter
+	lc := c.lock()
+	owes := lc.retireAll(h.p, h.mono(), h.facts())
+	lc.unlock()
+	if owes {
+		h.tell(c, visitNow)
+		return
+	}
+	h.archive(c)
+}
+
+// archive adds the counts of a counter that leaves for good to the retired
+// statistics.
+func (h *Limiter) archive(c *counter) {
+	lc := c.lock()
+	allowed, denied, waited, expired := lc.drain()
+	lc.unlock()
+	h.st.retiredAllowed.Add(allowed)
+	h.st.retiredDenied.Add(denied)
+	h.st.retiredWaited.Add(waited)
+	h.st.retiredExpired.Add(uint64(expired))
+}
+
+// indexKey is how a key longer than script.MaxVerbatimKey is kept in
+// memory: 0xff, then the hex SHA-256 of the key (script.HashTag's digest,
+// so Redis sees the same tag), then padding to MaxVerbatimKey+1 bytes. No
+// key short enough to be kept verbatim can equal it.
+func indexKey(key string) string {
+	tag := script.HashTag(key) // "#" and 64 hex digits
+	var b [script.MaxVerbatimKey + 1]byte
+	for i := range b {
+		b[i] = 0xff
+	}
+	copy(b[1:], tag[1:])
+	return string(b[:])
+}
+
+// tagOf returns the Redis hash tag of the key kept as k (see lookup).
+func tagOf(k string) string {
+	if len(k) > script.MaxVerbatimKey {
+		return "#" + k[1:65]
+	}
+	return script.HashTag(k)
+}
+
+// leadOf is how long before its window's end a key leases the next window:
+// at least two sync intervals, so the call lands before the roll, and
+// spread by key over up to five more (within half the period), so that the
+// leases of keys whose windows all end together go out over several ticks.
+func (p *params) leadOf(k string) int64 {
+	iv := p.interval
+	spread := max(0, min(p.periodNS/2, 7*iv)-2*iv)
+	f := fnv.New32a()
+	f.Write([]byte(k))
+	return 2*iv + int64(f.Sum32())%(spread+1)
+}
+
+// giveBack returns n units a decision took in window idx of c (see
+// lockedCounter.giveBack).
+func (h *Limiter) giveBack(c *counter, idx, n int64) {
+	lc := c.lock()
+	v := lc.giveBack(h.p, idx, n, h.mono(), h.facts())
+	lc.unlock()
+	h.tell(c, v)
+}
+
+// mark has syncer visit c as v asks (not visitNone): visitSoon once per
+// tick, without the syncer's lock when the key is marked already.
+func (c *counter) mark(syncer *bgsync.Syncer[*counter], v visit) {
+	if v == visitSoon {
+		if !c.dirty.Load() && c.dirty.CompareAndSwap(false, true) {
+			syncer.Mark(c)
+		}
+		return
+	}
+	c.dirty.Store(true)
+	syncer.Mark(c)
+}

@@ -1,0 +1,412 @@
+package hybrid
+
+// The Limiter, and one decision through it, top to bottom:
+//
+//  1. AllowN checks its input and reads the clock once: now.
+//  2. lookup (keys.go): the key's counter, from the index without a lock,
+//     or made on a miss.
+//  3. counter.take (counter.go): n from the lease in hand with one CAS:
+//     allowed; or denied while Redis refused the key. No Redis, no
+//     allocation, no lock.
+//  4. slow, for a decision the lease in hand cannot take:
+//     a. counter.roll: to the lease taken ahead for the next window, once
+//        it has begun; then take again;
+//     b. Optimistic mode: counter.onCredit admits on credit, within the
+//        instance's share of the window;
+//     c. the breaker is open: counter.fallback (failure.go) decides by
+//        the failure mode;
+//     d. ask: the key's one lease call, sized by the state machine
+//        (call.go, policy.go), shared by the key's concurrent decisions
+//        and queued with every other key's into one pipeline (queue.go,
+//        pipe.go); wait for it, at most the timeout, then take again (3);
+//     e. no reply in time: counter.slowReply (failure.go), or the failure
+//        mode once the breaker opened.
+//  5. The syncer (sync.go) visits marked keys every sync interval: it
+//     plans each (plan.go: refunds, credit, top-ups, the next window's
+//     lease), sends the calls in one pipeline, and applies the replies
+//     (apply.go).
+
+import (
+	"context"
+	"fmt"
+	mrand "math/rand/v2"
+	gosync "sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/check"
+	"github.com/hybridlimit/ratelimit/internal/script"
+	"github.com/hybridlimit/ratelimit/local"
+	bgsync "github.com/hybridlimit/ratelimit/sync"
+)
+
+// Limiter is a rate limiter shared by a fleet of instances: it answers
+// almost every decision from memory, out of quota leased from Redis, and a
+// background syncer reconciles with Redis every sync interval.
+//
+// A Limiter is safe for concurrent use. Make one per process and Limit with
+// New (the zero value is not usable), share it between goroutines, and Close
+// it to give its unused quota back and stop its goroutines.
+type Limiter struct {
+	p     *params
+	cfg   config
+	clock func() time.Time // WithClock; nil: time.Now and Redis TIME
+	start time.Time        // the base of every instant (mono)
+	clk   *serverClock
+
+	table  *local.Table[*counter]
+	index  gosync.Map // key -> *counter: the lock-free read path in front of table
+	syncer *bgsync.Syncer[*counter]
+	wheel  wheel             // visits the syncer scheduled
+	asks   queue[*leaseCall] // decisions' lease calls, sent in shared pipelines
+	pipe   pipe
+	health health
+
+	seq      atomic.Int64 // sequence of lease calls
+	draining atomic.Int32 // Flush or Close in progress: give back, do not lease
+
+	closed    atomic.Bool
+	closeOnce gosync.Once
+	closeErr  error
+	gate      gosync.RWMutex   // slow-path decisions hold it shared while they join inflight; Close takes it
+	inflight  gosync.WaitGroup // slow-path decisions and the senders of their calls, so Close can wait for them
+	calls     gosync.WaitGroup // goroutines of Redis calls (see pipe.bounded)
+
+	st stats
+}
+
+type stats struct {
+	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
+	flushErrors, fallback, noReply, leasedAhead                         atomic.Uint64
+	retiredAllowed, retiredDenied, retiredWaited, retiredExpired        atomic.Uint64
+}
+
+var _ ratelimit.Limiter = (*Limiter)(nil)
+
+// New returns a hybrid Limiter enforcing limit per key across every instance
+// that shares client's Redis (standalone, Sentinel or Cluster) and prefix.
+// It starts the background syncer; Close stops it.
+//
+// New talks to Redis once, to learn the fleet's size by heartbeat (not with
+// WithInstances), and waits at most the timeout for it, whatever the
+// client's own timeouts. It does not fail on Redis errors: call Ping to
+// fail fast on a wrong address, password or mode.
+func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*Limiter, error) {
+	if script.IsNilClient(client) {
+		return nil, fmt.Errorf("%w: nil Redis client", ratelimit.ErrInvalidOption)
+	}
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.algorithms != nil {
+		if len(cfg.algorithms) != 1 {
+			return nil, fmt.Errorf("%w: WithAlgorithms gave %d algorithms; New takes one (see NewMulti)", ratelimit.ErrInvalidOption, len(cfg.algorithms))
+		}
+		cfg.algorithm = cfg.algorithms[0]
+	}
+	if err := limit.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.algorithm == ratelimit.GCRA && int64(limit.Period/time.Microsecond) < int64(limit.Rate) {
+		return nil, fmt.Errorf("%w: GCRA needs Period in microseconds >= Rate, got %v", ratelimit.ErrInvalidLimit, limit)
+	}
+	return newLimiter(client, limit, cfg, true)
+}
+
+// newLimiter is New with the options applied and checked. With join
+// false, it does not learn the fleet's size before it returns (a Multi's
+// limits after the first learn it from the first).
+func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config, join bool) (*Limiter, error) {
+	h := &Limiter{p: newParams(limit, cfg), cfg: cfg, clock: cfg.clock}
+	h.start = cfg.now()
+	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
+	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips}
+	h.asks = queue[*leaseCall]{maxInFlight: maxSyncPipelines, wg: &h.inflight, send: func(calls []*leaseCall) {
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
+		defer cancel()
+		h.st.syncRoundTrips.Add(1)
+		h.send(ctx, calls)
+	}}
+	h.wheel.interval = int64(cfg.syncInterval)
+	h.health.init(h, cfg)
+	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
+	s, err := bgsync.New[*counter](h.flush,
+		bgsync.WithInterval(cfg.syncInterval),
+		bgsync.WithTimeout(cfg.callTimeout()),
+		bgsync.WithBatchSize(syncBatch),
+		bgsync.WithBackoff(cfg.syncInterval, max(5*time.Second, cfg.syncInterval)),
+		bgsync.WithOnTick(h.tick),
+	)
+	if err != nil {
+		return nil, err
+	}
+	h.syncer = s
+	if join && cfg.instances == 0 { // learn the fleet size before the first decision, best effort
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
+		h.health.heartbeat(ctx, true)
+		cancel()
+	}
+	return h, nil
+}
+
+// Limit returns the limit the Limiter enforces.
+func (h *Limiter) Limit() ratelimit.Limit { return h.p.limit }
+
+// Algorithm returns the window algorithm the Limiter counts with.
+func (h *Limiter) Algorithm() ratelimit.Algorithm { return h.p.alg }
+
+// Allow is shorthand for AllowN(ctx, key, 1).
+func (h *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, error) {
+	return h.AllowN(ctx, key, 1)
+}
+
+// AllowN reports whether n events for key may happen now and consumes them
+// if so. With quota leased for key it decides in memory, without waiting on
+// Redis; otherwise it leases (one Redis call shared by every concurrent
+// caller of key) and waits at most the configured timeout. A reply slower
+// than that is not taken for an outage: in Strict mode the decision is
+// denied (RetryAfter set), in Optimistic mode admitted on credit within
+// what Redis last reported free. Once the circuit breaker has opened, the
+// ratelimit.FailureMode decides, with a nil error.
+//
+// It returns an error wrapping ratelimit.ErrInvalidKey for an empty key,
+// ratelimit.ErrInvalidN for n <= 0 or n above the capacity (Rate for the
+// window algorithms, Burst for the buckets), ratelimit.ErrClosed after
+// Close, and ctx's error when ctx ends first.
+func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+	// decide, written out: the hot path's calls are few, and a Decision
+	// copied from one call less.
+	if h.closed.Load() || key == "" || n <= 0 || int64(n) > h.p.capacity {
+		if err := h.check(key, n); err != nil {
+			return ratelimit.Decision{}, err
+		}
+	}
+	var now int64 // mono, inlined
+	if h.clock == nil {
+		now = int64(time.Since(h.start))
+	} else {
+		now = int64(h.clock().Sub(h.start))
+	}
+	c := h.lookup(key)
+	if d, _, v, ok := c.take(h.p, int64(n), now); ok {
+		h.tell(c, v)
+		return d, nil
+	}
+	d, _, err := h.slow(ctx, c, key, int64(n), now, nil)
+	return d, err
+}
+
+// decide is AllowN, which also returns the lease an admission took n from
+// (or holds its credit on), and waits on Redis until expired closes when
+// given one (a deadline shared by the limits of a Multi).
+func (h *Limiter) decide(ctx context.Context, key string, n int, expired <-chan struct{}) (ratelimit.Decision, *lease, error) {
+	if err := h.check(key, n); err != nil {
+		return ratelimit.Decision{}, nil, err
+	}
+	now := h.mono()
+	c := h.lookup(key)
+	if d, l, v, ok := c.take(h.p, int64(n), now); ok {
+		h.tell(c, v)
+		return d, l, nil
+	}
+	return h.slow(ctx, c, key, int64(n), now, expired)
+}
+
+// check returns the error of a decision of n units for key before any
+// work: ratelimit.ErrClosed, ErrInvalidKey or ErrInvalidN.
+func (h *Limiter) check(key string, n int) error {
+	switch {
+	case h.closed.Load():
+		return ratelimit.ErrClosed
+	case key == "":
+		return check.Key(key)
+	case n <= 0 || int64(n) > h.p.capacity:
+		return check.N(h.p.limit, h.p.alg, n)
+	}
+	return nil
+}
+
+// slow decides what the lease in hand cannot (see the map at the top of
+// this file). It waits on Redis at most the timeout, or until expired
+// closes when the caller gives one.
+func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64, expired <-chan struct{}) (ratelimit.Decision, *lease, error) {
+	// The gate orders this decision before Close or after it: Close waits
+	// for the decisions it let in, and none starts after (its WaitGroup
+	// must not grow while Close waits).
+	h.gate.RLock()
+	if h.closed.Load() {
+		h.gate.RUnlock()
+		return ratelimit.Decision{}, nil, ratelimit.ErrClosed
+	}
+	h.inflight.Add(1)
+	h.gate.RUnlock()
+	defer h.inflight.Done()
+	// One deadline for the whole decision, however many lease calls it
+	// takes: a decision never waits on Redis longer than the timeout.
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	p := h.p
+	for attempt := 0; ; attempt++ {
+		if c.dead.Load() {
+			c = h.lookup(key)
+		}
+		if attempt > 0 {
+			now = h.mono()
+		}
+		if attempt == 1 {
+			c.waited.Add(1) // the decision waited on Redis
+		}
+		f := h.facts()
+		// a. the lease taken ahead, once its window has begun
+		rolled, v := c.roll(p, now, f)
+		h.tell(c, v)
+		if rolled || attempt > 0 {
+			if d, l, v, ok := c.take(p, n, now); ok {
+				h.tell(c, v)
+				return d, l, nil
+			}
+		}
+		// b. credit, in optimistic mode
+		if p.mode == Optimistic && f.breaker == breaker.Closed {
+			if d, l, v, ok := c.onCredit(p, n, now, p.optimisticShare(f), f); ok {
+				h.tell(c, v)
+				return d, l, nil
+			}
+		}
+		if attempt >= maxLeaseAttempts {
+			// Every grant was taken by concurrent callers before this one
+			// got to it, again and again, while Redis kept granting: deny
+			// rather than spin. (Exhaustion ends the loop sooner: Redis
+			// answers with no grant and take denies until the reset.)
+			c.refused(p, n, now)
+			h.tell(c, visitSoon)
+			return p.denied(p.interval, p.interval), nil, nil
+		}
+		// c. the breaker open: the failure mode
+		if !h.health.brk.Allow() {
+			h.st.fallback.Add(1)
+			d, l, v := c.fallback(p, n, now, f)
+			h.tell(c, v)
+			return d, l, nil
+		}
+		// d. ask Redis, and wait
+		var fire <-chan time.Time
+		if expired == nil {
+			if timer == nil {
+				timer = time.NewTimer(h.cfg.timeout)
+			}
+			fire = timer.C
+		}
+		if err := h.ask(ctx, c, n, now, fire, expired); err != nil {
+			// e. no reply in time
+			if ctx.Err() != nil {
+				return ratelimit.Decision{}, nil, ctx.Err()
+			}
+			if attempt == 0 {
+				c.waited.Add(1)
+			}
+			now, f = h.mono(), h.facts()
+			var d ratelimit.Decision
+			var l *lease
+			if f.breaker == breaker.Closed {
+				h.st.noReply.Add(1)
+				d, l, v = c.slowReply(p, n, now, f)
+			} else {
+				h.st.fallback.Add(1)
+				d, l, v = c.fallback(p, n, now, f)
+			}
+			h.tell(c, v)
+			return d, l, nil
+		}
+	}
+}
+
+// ask sends the key's lease call for a decision of n units, or joins the
+// one on its way (a per-key singleflight), and waits at most until timeout
+// fires or expired closes, whatever the Redis client's own timeouts are.
+// The call goes out with every other key's queued meanwhile, in one
+// pipeline (see queue).
+func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) error {
+	lc := c.lock()
+	fl := lc.inFlight()
+	if fl == nil {
+		var id callID
+		if lc.out == nil {
+			id = h.newID()
+		}
+		k := lc.ask(h.p, id, n, now, h.facts())
+		fl = lc.startFlight(k)
+		lc.unlock()
+		h.asks.add(k)
+	} else {
+		lc.unlock()
+	}
+	select {
+	case <-fl.done:
+		return fl.err
+	case <-timeout:
+		return context.DeadlineExceeded
+	case <-expired:
+		return context.DeadlineExceeded
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// mono is the Limiter's time: ns since New, on the monotonic clock (or
+// WithClock's).
+func (h *Limiter) mono() int64 {
+	if h.clock != nil {
+		return int64(h.clock().Sub(h.start))
+	}
+	return int64(time.Since(h.start))
+}
+
+// facts returns what the key's state machine needs to know of the fleet,
+// now.
+func (h *Limiter) facts() fleet {
+	return fleet{
+		instances: h.health.instances(),
+		tickGap:   h.health.tickGap.Load(),
+		lastGap:   h.health.lastGap.Load(),
+		draining:  h.draining.Load() > 0,
+		breaker:   h.health.brk.State(),
+		clock:     h.clk.view(),
+	}
+}
+
+// newID identifies a new lease call, and gives it the time to count at:
+// WithClock's, or none (Redis TIME).
+func (h *Limiter) newID() callID {
+	id := callID{seq: h.seq.Add(1), nonce: script.NewNonce(mrand.Uint64())}
+	if h.clock != nil {
+		id.now = h.clock().UnixMicro()
+	}
+	return id
+}
+
+// tell has the syncer visit c as v asks.
+func (h *Limiter) tell(c *counter, v visit) {
+	if v != visitNone { // (inlined: the decision path's usual case)
+		c.mark(h.syncer, v)
+	}
+}
+
+// do carries out the effects of a transition of c.
+func (h *Limiter) do(c *counter, e effects) {
+	h.st.leases.Add(e.leases)
+	h.st.leasedUnits.Add(e.leasedUnits)
+	h.st.leasedAhead.Add(e.leasedAhead)
+	h.st.refunded.Add(e.refunded)
+	h.st.reported.Add(e.reported)
+	h.tell(c, e.visit)
+}

@@ -1,0 +1,214 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	gosync "sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// The Redis I/O of a Limiter: pipelines of script calls, NOSCRIPT, and
+// replies read into values. It knows nothing of leases: a request is a
+// script, its keys and arguments, and how to read its reply.
+
+// rediser is the part of a go-redis client the Limiter uses (as
+// go-redis/redis_rate's rediser): scripts, and pipelines of them.
+type rediser interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Ping(ctx context.Context) *redis.StatusCmd
+}
+
+// request is one script call the pipe sends.
+type request struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	parse  func(v any) (reply, error)
+}
+
+// reply is a request's reply, read.
+type reply struct {
+	win script.Reply       // a lease.lua call's
+	bkt script.BucketReply // a bucket.lua call's
+}
+
+func parseLease(v any) (reply, error) {
+	r, err := script.ParseLease(v)
+	return reply{win: r}, err
+}
+
+func parseBucket(v any) (reply, error) {
+	r, err := script.ParseBucket(v)
+	return reply{bkt: r}, err
+}
+
+// result is what the pipe learned of one request.
+type result struct {
+	reply
+	err error
+	// notRun: the request certainly did not run on Redis (see notRun),
+	// when err is set.
+	notRun bool
+}
+
+// exchange is one pipeline's round trip: Redis read its clock between
+// before and after (mono ns); ok is false when no reply came in time, and
+// err is the error of the pipeline as a whole, if any.
+type exchange struct {
+	before, after int64
+	ok            bool
+	err           error
+}
+
+// pipe sends a Limiter's requests to Redis.
+type pipe struct {
+	client     rediser
+	mono       func() int64
+	calls      *gosync.WaitGroup // goroutines of calls in flight, for Close to wait on
+	roundTrips *atomic.Uint64
+}
+
+// exec sends reqs in one pipeline (go-redis splits it per Cluster node) and
+// reads their replies into res. Requests that met NOSCRIPT (Redis lost its
+// scripts: a restart, SCRIPT FLUSH) did not run: the scripts are loaded and
+// they are sent again, at once. The pipeline gets until ctx's deadline,
+// whatever the client's own timeouts: past it, every request is in doubt
+// (ok false) and its replies, should they come, are never read.
+func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange {
+	// Written by the call's goroutine: read only once it finished in time.
+	var x exchange
+	var cmds []*redis.Cmd
+	if !p.bounded(ctx, func(ctx context.Context) {
+		x.before = p.mono()
+		cmds, x.err = p.run(ctx, reqs)
+		if script.IsNoScript(x.err) || anyNoScript(cmds) {
+			if p.load(ctx, reqs) == nil {
+				var again []request
+				var at []int
+				for i, cmd := range cmds {
+					if script.IsNoScript(cmd.Err()) {
+						again, at = append(again, reqs[i]), append(at, i)
+					}
+				}
+				if len(again) > 0 {
+					x.before = p.mono()
+					var redo []*redis.Cmd
+					redo, x.err = p.run(ctx, again)
+					for j, i := range at {
+						cmds[i] = redo[j]
+					}
+				}
+			}
+		}
+		x.after = p.mono()
+	}) {
+		return exchange{}
+	}
+	x.ok = true
+	for i, cmd := range cmds {
+		v, err := cmd.Result()
+		if err == nil && v == nil && x.err != nil {
+			err = x.err // the pipeline failed before this call got a reply
+		}
+		if err == nil {
+			res[i].reply, err = reqs[i].parse(v)
+		}
+		res[i].err, res[i].notRun = err, err != nil && notRun(err)
+	}
+	return x
+}
+
+func (p *pipe) run(ctx context.Context, reqs []request) ([]*redis.Cmd, error) {
+	pl := p.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(reqs))
+	for i, r := range reqs {
+		cmds[i] = r.script.EvalSha(ctx, pl, r.keys, r.args...)
+	}
+	_, err := pl.Exec(ctx)
+	p.roundTrips.Add(1)
+	return cmds, err
+}
+
+// load loads the scripts of reqs (on every Cluster shard).
+func (p *pipe) load(ctx context.Context, reqs []request) error {
+	var done []*redis.Script
+	for _, r := range reqs {
+		if slices.Contains(done, r.script) {
+			continue
+		}
+		if err := r.script.Load(ctx, p.client).Err(); err != nil {
+			return err
+		}
+		done = append(done, r.script)
+	}
+	return nil
+}
+
+// call runs one request on its own, bounded by ctx as exec is.
+func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) error {
+	res := make(chan error, 1)
+	p.calls.Add(1)
+	go func() {
+		defer p.calls.Done()
+		res <- fn(ctx)
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// bounded runs fn on a goroutine the Limiter tracks and waits for it until
+// ctx is done, whatever the Redis client's own timeouts: a call the client
+// does not give up on by itself (one without ContextTimeoutEnabled waits its
+// ReadTimeout) is abandoned there, and ends on its own later. It reports
+// whether fn returned in time; only then may the caller read what fn
+// wrote.
+func (p *pipe) bounded(ctx context.Context, fn func(ctx context.Context)) bool {
+	done := make(chan struct{})
+	p.calls.Add(1)
+	go func() {
+		defer p.calls.Done()
+		fn(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func anyNoScript(cmds []*redis.Cmd) bool {
+	for _, cmd := range cmds {
+		if script.IsNoScript(cmd.Err()) {
+			return true
+		}
+	}
+	return false
+}
+
+// notRun reports whether a call that failed with err certainly did not
+// run on Redis: the script was missing, the connection was refused its
+// authentication, or no connection could be made. Any other failure leaves
+// the call in doubt.
+func notRun(err error) bool {
+	if script.IsNoScript(err) || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "WRONGPASS") {
+		return true
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}

@@ -1,0 +1,229 @@
+package hybrid
+
+import (
+	"context"
+	"fmt"
+	gosync "sync"
+
+	"github.com/hybridlimit/ratelimit/internal/breaker"
+)
+
+// The Limiter's side of the background syncer (package sync): every tick,
+// the marked keys are planned (plan.go), their calls sent in one pipeline,
+// and the replies applied (apply.go).
+
+// tick runs at the start of every sync tick, on the syncer goroutine.
+func (h *Limiter) tick(ctx context.Context) {
+	hl := &h.health
+	hl.ticked(h.mono())
+	if hl.brk.State() != breaker.Closed || hl.brk.Failures() > 0 {
+		hl.probe(ctx)
+	}
+	for _, c := range h.wheel.due(h.mono()) {
+		if !c.dead.Load() {
+			h.tell(c, visitNow)
+		}
+	}
+	if h.cfg.instances == 0 && h.mono() >= hl.nextBeat {
+		hl.nextBeat = h.mono() + int64(h.cfg.heartbeatEvery)
+		hctx, cancel := context.WithTimeout(ctx, h.cfg.callTimeout())
+		hl.heartbeat(hctx, true)
+		cancel()
+	}
+}
+
+// flush is the syncer's FlushFunc: for every counter of the batch it plans
+// what the counter owes or needs, sends the calls in one pipeline, and
+// applies the replies. It returns the counters that still hold quota, owe
+// something or wait for a reply, to be visited again.
+func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, error) {
+	now := h.mono()
+	var calls []*leaseCall
+	for _, c := range batch {
+		if k := h.plan(c, now); k != nil {
+			calls = append(calls, k)
+		}
+	}
+	var err error
+	if len(calls) > 0 {
+		err = h.send(ctx, calls)
+	}
+	again := batch[:0]
+	for _, c := range batch {
+		lc := c.lock()
+		owes := len(lc.debts) > 0 || lc.out != nil
+		holds := lc.cur.Load() != nil || lc.next != nil
+		lc.unlock()
+		switch {
+		case owes:
+			again = append(again, c) // the next tick sends it
+		case c.dead.Load() && holds:
+			again = append(again, c)
+		case c.dead.Load():
+			h.archive(c)
+		}
+	}
+	return again, err
+}
+
+// plan runs the key's state machine at a tick and returns the call to
+// send for it, if any, on its way.
+func (h *Limiter) plan(c *counter, now int64) *leaseCall {
+	c.dirty.Store(false)
+	c.touched.Store(false) // its next use tells the LRU table again
+	f := h.facts()
+	lc := c.lock()
+	defer lc.unlock()
+	t, v := lc.observe(h.p, now, f)
+	t.dead = c.dead.Load()
+	if t.quiet && !t.dead && now-t.lastUse >= idlePeriods*h.p.periodNS &&
+		h.table.RemoveIf(c.key, func(v *counter) bool { return v == c }) {
+		// idle for idlePeriods whole periods: the key leaves the table
+		c.dead.Store(true)
+		h.index.CompareAndDelete(c.key, c)
+		t.dead = true
+	}
+	k, at := lc.plan(h.p, h.newID(), t, f)
+	if k != nil {
+		lc.startFlight(k)
+	}
+	if at > 0 {
+		h.wheel.visitAt(lc, at, now)
+	}
+	h.tell(c, v)
+	return k
+}
+
+// send sends calls in one pipeline and applies the replies. A call whose
+// reply was not seen stays outstanding, and the syncer sends it again.
+func (h *Limiter) send(ctx context.Context, calls []*leaseCall) error {
+	reqs := make([]request, len(calls))
+	for i, k := range calls {
+		reqs[i] = k.request()
+	}
+	res := make([]result, len(calls))
+	x := h.pipe.exec(ctx, reqs, res)
+	if !x.ok {
+		// No reply at all within a call's deadline: Redis is away, not
+		// slow. The breaker opens now.
+		err := fmt.Errorf("hybrid: no reply from Redis in time: %w", context.DeadlineExceeded)
+		for _, k := range calls {
+			h.unanswered(k, err, false)
+		}
+		h.health.brk.Trip()
+		h.health.failed(err)
+		return err
+	}
+	var first error
+	fresh := false // a call was applied anew: Redis writes, not only answers
+	for i, k := range calls {
+		if err := res[i].err; err != nil {
+			h.unanswered(k, err, res[i].notRun)
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		fresh = fresh || !k.resent()
+		h.applyReply(k, res[i].reply, x)
+	}
+	if first == nil {
+		first = x.err
+	}
+	if first != nil {
+		h.health.failed(first)
+		return first
+	}
+	if fresh {
+		// (A pipeline of resent calls only tells nothing: a Redis out of
+		// memory answers them, and refuses every write.)
+		h.health.brk.Success()
+	}
+	return nil
+}
+
+// applyReply applies the reply of call k to its key, ends its flight, and
+// has the syncer visit the key (to schedule its next visits: to lease
+// ahead of the next window, say).
+func (h *Limiter) applyReply(k *leaseCall, r reply, x exchange) {
+	if !k.bucket {
+		h.clk.observe(r.win.Now, x.before, x.after)
+	}
+	f := h.facts()
+	lc := k.c.lock()
+	e := lc.apply(h.p, k, r, x, f)
+	if fl := k.flight; fl != nil {
+		lc.endFlight(k, fl, nil, false)
+	}
+	lc.unlock()
+	h.do(k.c, e)
+	h.tell(k.c, visitSoon)
+}
+
+// unanswered ends the flight of a call whose reply was not seen: it stays
+// outstanding, and the syncer sends it again (as new when it certainly did
+// not run).
+func (h *Limiter) unanswered(k *leaseCall, err error, notRun bool) {
+	lc := k.c.lock()
+	if fl := k.flight; fl != nil {
+		lc.endFlight(k, fl, err, notRun)
+	} else if lc.out == k {
+		k.notRun = notRun
+	}
+	lc.unlock()
+	h.tell(k.c, visitNow)
+}
+
+// wheel holds the visits the syncer scheduled for quiet keys, by tick.
+type wheel struct {
+	interval int64 // the sync interval, ns
+	mu       gosync.Mutex
+	at       map[int64][]*counter // sync tick -> counters to visit then
+	done     int64                // the last tick whose visits are done
+}
+
+// visitAt schedules a visit of the key at the first tick at or after at,
+// unless one is scheduled sooner.
+func (w *wheel) visitAt(lc *lockedCounter, at, now int64) {
+	t := at/w.interval + 1
+	if lc.visitTick > now/w.interval && lc.visitTick <= t {
+		return // one is due sooner
+	}
+	lc.visitTick = t
+	w.mu.Lock()
+	if w.at == nil {
+		w.at = make(map[int64][]*counter)
+	}
+	w.at[t] = append(w.at[t], lc.counter())
+	w.mu.Unlock()
+}
+
+// due returns the counters whose visit is due at now.
+func (w *wheel) due(now int64) []*counter {
+	tick := now / w.interval
+	w.mu.Lock()
+	var due [][]*counter
+	for t := w.done + 1; t <= tick; t++ {
+		if cs, ok := w.at[t]; ok {
+			due = append(due, cs)
+			delete(w.at, t)
+		}
+	}
+	w.done = max(w.done, tick)
+	w.mu.Unlock()
+	var out []*counter
+	for _, cs := range due {
+		for _, c := range cs {
+			lc := c.lock()
+			ok := lc.visitTick != 0 && lc.visitTick <= tick
+			if ok {
+				lc.visitTick = 0
+			}
+			lc.unlock()
+			if ok {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
