@@ -1,0 +1,765 @@
+package hybrid
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/breaker"
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// Tests of the per-key state machine, with explicit times and no Redis:
+// every reply is written out as Redis would give it. Redis time equals the
+// Limiter's time (mono), so window i of period P spans [i*P, (i+1)*P).
+
+const sec = int64(time.Second) // ms is clock_test.go's
+
+// keyTest is one key's state machine under test.
+type keyTest struct {
+	t   *testing.T
+	p   *params
+	f   fleet
+	c   *counter
+	seq int64
+}
+
+func newKeyTest(t *testing.T, limit ratelimit.Limit, set ...func(*config)) *keyTest {
+	t.Helper()
+	cfg := defaultConfig()
+	for _, s := range set {
+		s(&cfg)
+	}
+	p := newParams(limit, cfg)
+	return &keyTest{t: t, p: p, c: &counter{key: "k", lead: p.leadOf("k")},
+		f: fleet{instances: 1, tickGap: p.interval, lastGap: p.interval, breaker: breaker.Closed, clock: clockView{periodUS: p.periodUS}}}
+}
+
+func algorithm(a ratelimit.Algorithm) func(*config) { return func(c *config) { c.algorithm = a } }
+func optimistic(c *config)                          { c.mode = Optimistic }
+
+func (k *keyTest) take(n, now int64) (ratelimit.Decision, visit, bool) {
+	d, _, v, ok := k.c.take(k.p, n, now)
+	return d, v, ok
+}
+
+// mustTake takes n at now and fails unless it is admitted.
+func (k *keyTest) mustTake(n, now int64) ratelimit.Decision {
+	k.t.Helper()
+	d, _, ok := k.take(n, now)
+	if !ok || !d.Allowed {
+		k.t.Fatalf("take %d at %v: ok %v, %+v; want admitted", n, time.Duration(now), ok, d)
+	}
+	return d
+}
+
+func (k *keyTest) id() callID {
+	k.seq++
+	return callID{seq: k.seq, nonce: "abcdef"}
+}
+
+// ask makes and launches the call of a decision of n units at now.
+func (k *keyTest) ask(n, now int64) *leaseCall {
+	lc := k.c.lock()
+	defer lc.unlock()
+	call := lc.ask(k.p, k.id(), n, now, k.f)
+	lc.startFlight(call)
+	return call
+}
+
+// reply applies r to call, as if Redis answered it at now.
+func (k *keyTest) reply(call *leaseCall, now int64, r reply) effects {
+	lc := k.c.lock()
+	defer lc.unlock()
+	e := lc.apply(k.p, call, r, exchange{before: now, after: now, ok: true}, k.f)
+	if fl := call.flight; fl != nil {
+		lc.endFlight(call, fl, nil, false)
+	}
+	return e
+}
+
+// lost ends call's flight without a reply.
+func (k *keyTest) lost(call *leaseCall, notRun bool) {
+	lc := k.c.lock()
+	defer lc.unlock()
+	lc.endFlight(call, call.flight, errLost, notRun)
+}
+
+var errLost = errorString("no reply")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+// win is lease.lua's reply to a call at now: grant units from the current
+// window, whose count (what bounds further grants) is then count.
+func (k *keyTest) win(now, grant, count int64) reply {
+	idx := now / k.p.periodNS
+	return reply{win: script.Reply{Idx: idx, Now: now / 1000, Reset: ((idx+1)*k.p.periodNS - now) / 1000, Grant: grant, Count: count}}
+}
+
+// tick runs the syncer's visit of the key at now. It returns the call to
+// send, launched, when to visit next, and how soon the syncer must see
+// the key again.
+func (k *keyTest) tick(now int64) (*leaseCall, int64, visit) {
+	lc := k.c.lock()
+	defer lc.unlock()
+	t, v := lc.observe(k.p, now, k.f)
+	t.dead = k.c.dead.Load()
+	call, at := lc.plan(k.p, k.id(), t, k.f)
+	if call != nil {
+		lc.startFlight(call)
+	}
+	return call, at, v
+}
+
+func (k *keyTest) debts() []debt {
+	lc := k.c.lock()
+	defer lc.unlock()
+	return append([]debt(nil), lc.debts...)
+}
+
+func (k *keyTest) avail() int64 {
+	if l := k.c.cur.Load(); l != nil {
+		return l.avail.Load()
+	}
+	return -1
+}
+
+// lease gives the key a lease of grant units of the window at now.
+func (k *keyTest) lease(now, grant, count int64) {
+	k.t.Helper()
+	call := k.ask(1, now)
+	k.reply(call, now, k.win(now, grant, count))
+	if got := k.avail(); got != grant {
+		k.t.Fatalf("lease of %d at %v: the key holds %d", grant, time.Duration(now), got)
+	}
+}
+
+var perSecond1000 = ratelimit.Limit{Rate: 1000, Period: time.Second}
+
+// A hot key takes from its lease in memory: what remains is the lease and
+// what Redis has free; the syncer hears of the key once the lease runs
+// below a quarter of what it held.
+func TestTakeFromLease(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10*sec + 200*ms
+	k.lease(now, 40, 500) // 500 free in Redis beyond the lease
+	steps := []struct {
+		n         int64
+		ok        bool
+		remaining int
+		visit     visit
+	}{
+		{n: 10, ok: true, remaining: 30 + 500},
+		{n: 20, ok: true, remaining: 10 + 500},
+		{n: 1, ok: true, remaining: 9 + 500, visit: visitSoon}, // below 40/4
+		{n: 10, ok: false},                                     // more than the lease holds: the slow path
+	}
+	for i, s := range steps {
+		d, v, ok := k.take(s.n, now)
+		if ok != s.ok || v != s.visit || (ok && (!d.Allowed || d.Remaining != s.remaining || d.ResetAfter != 800*time.Millisecond)) {
+			t.Errorf("step %d: take %d: ok %v visit %v %+v; want ok %v visit %v, remaining %d, reset 800ms", i, s.n, ok, v, d, s.ok, s.visit, s.remaining)
+		}
+	}
+	if _, _, ok := k.take(1, 11*sec); ok {
+		t.Error("a lease served after its window ended")
+	}
+	if got := k.c.cur.Load().tick.Load(); got != 3<<32|31 {
+		t.Errorf("counted %d decisions of %d units, want 3 of 31", got>>32, uint32(got))
+	}
+}
+
+// The hot path allocates nothing.
+func TestTakeAllocatesNothing(t *testing.T) {
+	k := newKeyTest(t, ratelimit.Limit{Rate: 1 << 30, Period: time.Hour})
+	now := 10 * sec
+	k.lease(now, 1<<29, 0)
+	if a := testing.AllocsPerRun(1000, func() { k.take(1, now) }); a != 0 {
+		t.Errorf("take allocates %v times", a)
+	}
+}
+
+// A key whose lease ran dry asks Redis: the call is sized by want, the
+// grant adds to the lease, and the decision takes from it.
+func TestDryLeaseStrictAsks(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, func(c *config) { c.instances = 4 })
+	k.f.instances = 4
+	now := 10*sec + 300*ms
+	if _, _, ok := k.take(1, now); ok {
+		t.Fatal("a key without a lease decided in memory")
+	}
+	call := k.ask(3, now)
+	floor := int64(1000 / (16 * 4))
+	if a := call.win; a.Want != floor || a.Min != 3 || a.WantNext != 0 || a.Instances != 4 || len(a.Adjust) != 0 {
+		t.Fatalf("call %+v; want Want %d (minLease) Min 3, nothing else", a, floor)
+	}
+	e := k.reply(call, now, k.win(now, floor, 100))
+	if e.leases != 1 || e.leasedUnits != uint64(floor) {
+		t.Errorf("effects %+v; want 1 lease of %d", e, floor)
+	}
+	d := k.mustTake(3, now)
+	if d.Remaining != int(floor-3+900) {
+		t.Errorf("remaining %d, want %d", d.Remaining, floor-3+900)
+	}
+	// Dry again with 2 left: a decision of 5 asks for the missing 3 at least.
+	k.mustTake(floor-5, now)
+	call = k.ask(5, now)
+	if call.win.Min != 3 || call.win.Want != floor {
+		t.Errorf("call %+v; want Min 3 (5 less the 2 held), Want %d", call.win, floor)
+	}
+}
+
+// want, the one sizing rule: the key's demand until the end with half
+// again, less what it holds; at least n and minLease.
+func TestWantSizing(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now, end := 10*sec+500*ms, 11*sec
+	cases := []struct {
+		name                      string
+		rate                      float64
+		asked, prevAsked, n, have int64
+		want                      int64
+	}{
+		{name: "no history: minLease", want: 62},
+		{name: "n above minLease", n: 80, want: 80},
+		{name: "smoothed rate", rate: 2000, have: 100, want: 1500 - 100},
+		{name: "last window", prevAsked: 400, want: 300},
+		{name: "this window, scaled to a period", asked: 300, prevAsked: 100, want: 450},
+		{name: "holding more than needed", prevAsked: 400, have: 500, want: 62},
+	}
+	for _, c := range cases {
+		lc := k.c.lock()
+		lc.rate, lc.asked, lc.prevAsked, lc.askedIdx = c.rate, c.asked, c.prevAsked, 10
+		got := lc.want(k.p, c.n, c.have, now, end, k.f)
+		lc.unlock()
+		if got != c.want {
+			t.Errorf("%s: want %d, got %d", c.name, c.want, got)
+		}
+	}
+}
+
+// In optimistic mode a key without quota admits on credit, within Rate /
+// (8 x instances) per window, and reports the credit at the next tick; the
+// grant that comes with it replaces the estimated lease, credit budget
+// and all.
+func TestDryLeaseOptimisticBorrows(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, optimistic)
+	k.f.instances = 2
+	share := k.p.optimisticShare(k.f)
+	if share != 62 {
+		t.Fatalf("share %d, want 1000/16", share)
+	}
+	now := 10*sec + 100*ms
+	for i := int64(0); i < share; i++ {
+		d, _, v, ok := k.c.onCredit(k.p, 1, now, share, k.f)
+		if !ok || !d.Allowed || d.Remaining != int(share-i-1) || v == visitNone {
+			t.Fatalf("borrow %d: ok %v %+v visit %v", i, ok, d, v)
+		}
+	}
+	if _, _, _, ok := k.c.onCredit(k.p, 1, now, share, k.f); ok {
+		t.Fatal("borrowed past the share")
+	}
+	l := k.c.cur.Load()
+	if l.known || l.idx != 10 || l.credit.Load() != share {
+		t.Fatalf("lease %+v: want an estimated lease of window 10 holding %d credit", l, share)
+	}
+	call, _, _ := k.tick(now + 50*ms)
+	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 10, Use: share}) || call.win.Want == 0 {
+		t.Fatalf("tick call %+v; want the credit reported and a lease asked", call)
+	}
+	e := k.reply(call, now+50*ms, k.win(now+50*ms, 100, 300))
+	if e.reported != uint64(share) {
+		t.Errorf("reported %d, want %d", e.reported, share)
+	}
+	nl := k.c.cur.Load()
+	if !nl.known || nl.avail.Load() != 100 || nl.borrowed.Load() != share {
+		t.Errorf("lease after the grant: known %v avail %d borrowed %d; want known, 100, the window's %d borrowed", nl.known, nl.avail.Load(), nl.borrowed.Load(), share)
+	}
+	if _, _, _, ok := k.c.onCredit(k.p, 1, now, share, k.f); ok {
+		t.Error("the window's credit budget was handed out twice")
+	}
+}
+
+// nextLease gives the key a lease of grant units of the window at now and
+// one of next units of the window after it.
+func (k *keyTest) nextLease(now, grant, next int64) {
+	k.t.Helper()
+	call := &leaseCall{c: k.c, win: script.LeaseArgs{Want: grant, WantNext: next}}
+	lc := k.c.lock()
+	lc.startFlight(call)
+	lc.unlock()
+	r := k.win(now, grant, grant)
+	r.win.GrantNext, r.win.CountNext = next, next
+	if e := k.reply(call, now, r); e.leasedAhead != 1 || e.visit != visitNow {
+		k.t.Fatalf("lease ahead: effects %+v", e)
+	}
+}
+
+// At the window's end the lease taken ahead becomes the one decisions take
+// from, without Redis; what the old lease held is given back while its
+// window still counts (SlidingWindow), and expires with it (FixedWindow).
+func TestRollToLeaseAhead(t *testing.T) {
+	for _, c := range []struct {
+		alg     ratelimit.Algorithm
+		refund  int64
+		expired int64
+	}{{ratelimit.FixedWindow, 0, 5}, {ratelimit.SlidingWindow, 5, 0}} {
+		t.Run(c.alg.String(), func(t *testing.T) {
+			k := newKeyTest(t, perSecond1000, algorithm(c.alg))
+			k.nextLease(10*sec+900*ms, 10, 20)
+			k.mustTake(5, 10*sec+990*ms)
+			if k.c.next == nil || !k.c.next.pre {
+				t.Fatal("no lease ahead")
+			}
+			now := 11 * sec
+			if _, _, ok := k.take(1, now); ok {
+				t.Fatal("took from a lease whose window ended")
+			}
+			rolled, v := k.c.roll(k.p, now, k.f)
+			if !rolled || v != visitNow {
+				t.Fatalf("roll: %v %v", rolled, v)
+			}
+			d := k.mustTake(1, now)
+			if d.ResetAfter != time.Second || k.avail() != 19 {
+				t.Errorf("after the roll: %+v, holds %d; want a second to go and 19", d, k.avail())
+			}
+			var refund int64
+			for _, d := range k.debts() {
+				refund += d.refund
+			}
+			if refund != c.refund || k.c.expired != c.expired {
+				t.Errorf("the old lease's 5: refund %d expired %d; want %d, %d", refund, k.c.expired, c.refund, c.expired)
+			}
+		})
+	}
+}
+
+// Without a lease ahead, the first decision of a window asks Redis; the
+// grant for the new window becomes the current lease and the old one is
+// retired.
+func TestRollWithoutLeaseAhead(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.lease(10*sec+500*ms, 30, 30)
+	now := 11*sec + 10*ms
+	if rolled, _ := k.c.roll(k.p, now, k.f); rolled {
+		t.Fatal("rolled to nothing")
+	}
+	if _, _, ok := k.take(1, now); ok {
+		t.Fatal("decided without a lease of the window")
+	}
+	call := k.ask(1, now)
+	e := k.reply(call, now, k.win(now, 40, 40))
+	if l := k.c.cur.Load(); l.idx != 11 || l.avail.Load() != 40 || e.visit != visitNow || k.c.expired != 30 {
+		t.Errorf("lease w%d holding %d, effects %+v, expired %d; want w11 40, the syncer told, 30 expired", l.idx, l.avail.Load(), e, k.c.expired)
+	}
+}
+
+// A lease about to run dry is topped up at the tick, sized from the key's
+// demand until the window's end.
+func TestTopUpAtTick(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	start := 10 * sec
+	k.lease(start, 100, 100)
+	k.tick(start) // the first visit: demand counts from here
+	for i := 0; i < 80; i++ {
+		k.mustTake(1, start+50*ms)
+	}
+	now := start + 100*ms
+	call, _, _ := k.tick(now)
+	// 80 in the first 100ms: 800 per period; 900ms to go, with half again,
+	// less the 20 held.
+	if call == nil || call.win.Want != 1080-20 {
+		t.Fatalf("call %+v; want a top-up of 1060", call)
+	}
+	k.reply(call, now, k.win(now, 1060, 1160))
+	if got := k.avail(); got != 1080 {
+		t.Errorf("holds %d, want 1080", got)
+	}
+}
+
+// A lease taken ahead and never used by a key gone quiet goes back soon
+// after its window begins.
+func TestIdleGiveBack(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.nextLease(10*sec+900*ms, 10, 20)
+	k.c.lastUse.Store(10*sec + 900*ms)
+	lc := k.c.lock()
+	lc.askedIdx, lc.asked = 10, 40 // 40 a window: quiet for 200ms is idle
+	lc.unlock()
+	if call, _, _ := k.tick(11*sec + 150*ms); call != nil {
+		t.Fatalf("gave back after 150ms: %+v", call.win)
+	}
+	now := 11*sec + 250*ms
+	call, _, _ := k.tick(now)
+	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 11, Refund: 20}) || call.win.Want != 0 {
+		t.Fatalf("call %+v; want the 20 of window 11 given back", call)
+	}
+	if k.c.cur.Load() != nil {
+		t.Error("the lease stayed")
+	}
+	if e := k.reply(call, now, k.win(now, 0, 0)); e.refunded != 20 {
+		t.Errorf("refunded %d, want 20", e.refunded)
+	}
+}
+
+// Within its lead of the window's end, a key asked in this window leases
+// the next one in the same call; the grant waits as a lease ahead.
+func TestLeaseAheadAtTick(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.lease(10*sec, 500, 500)
+	k.tick(10 * sec)
+	for i := 0; i < 3; i++ {
+		k.mustTake(1, 10*sec+500*ms)
+	}
+	now := 11*sec - 150*ms // within any key's lead (at least 2 ticks)
+	call, _, _ := k.tick(now)
+	if call == nil || call.win.WantNext != k.p.minLease(k.f) || call.win.Lead <= 150_000 {
+		t.Fatalf("call %+v; want the next window's floor, within a lead of over 150ms", call)
+	}
+	r := k.win(now, 0, 500)
+	r.win.GrantNext, r.win.CountNext = 62, 62
+	e := k.reply(call, now, r)
+	if e.leasedAhead != 1 || k.c.next == nil || k.c.next.idx != 11 || !k.c.next.pre {
+		t.Errorf("effects %+v, next %+v; want a lease of window 11 ahead", e, k.c.next)
+	}
+}
+
+// What a key owes goes in its next call, per window, at most MaxAdjust
+// windows; windows that bound nothing any more are dropped.
+func TestDebtsAttached(t *testing.T) {
+	for _, c := range []struct {
+		alg            ratelimit.Algorithm
+		owed           []int64
+		attached, left []int64
+	}{
+		// FixedWindow: at 10.5s, windows 8 and 9 are over.
+		{ratelimit.FixedWindow, []int64{8, 9, 10, 11}, []int64{10, 11}, nil},
+		// SlidingWindow: window 9 still weighs on 10; 8 does not. Three
+		// windows go in one call, the fourth waits for the next.
+		{ratelimit.SlidingWindow, []int64{8, 9, 10, 11, 12}, []int64{9, 10, 11}, []int64{12}},
+	} {
+		t.Run(c.alg.String(), func(t *testing.T) {
+			k := newKeyTest(t, perSecond1000, algorithm(c.alg))
+			lc := k.c.lock()
+			for _, idx := range c.owed {
+				lc.owe(idx, idx, 1)
+			}
+			lc.unlock()
+			call := k.ask(1, 10*sec+500*ms)
+			var got, left []int64
+			for _, a := range call.win.Adjust {
+				got = append(got, a.Idx)
+				if a.Refund != a.Idx || a.Use != 1 {
+					t.Errorf("window %d: refund %d use %d", a.Idx, a.Refund, a.Use)
+				}
+			}
+			for _, d := range k.debts() {
+				left = append(left, d.idx)
+			}
+			if !slices.Equal(got, c.attached) || !slices.Equal(left, c.left) {
+				t.Errorf("attached %v, left %v; want %v, %v", got, left, c.attached, c.left)
+			}
+		})
+	}
+}
+
+// A key Redis refused is denied in memory until Redis said the quota would
+// fit, or for a second at most: then it asks again, as other instances may
+// have given back what they held. Smaller decisions may still ask.
+func TestRefusedKeyAsksAgain(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		period        time.Duration
+		blocked, told time.Duration // denied in memory for, and the RetryAfter given then
+	}{
+		{"a second", time.Second, 800 * time.Millisecond, 800 * time.Millisecond},
+		{"a minute", time.Minute, time.Second, 59*time.Second + 800*time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newKeyTest(t, ratelimit.Limit{Rate: 1000, Period: c.period})
+			p := int64(c.period)
+			now := 10*p + 200*ms
+			call := k.ask(5, now)
+			r := k.win(now, 0, 998)
+			r.win.Retry = r.win.Reset
+			k.reply(call, now, r)
+			d, _, ok := k.take(5, now+100*ms)
+			if !ok || d.Allowed || d.RetryAfter != c.told-100*time.Millisecond {
+				t.Fatalf("refused key: ok %v %+v; want denied, RetryAfter %v", ok, d, c.told-100*time.Millisecond)
+			}
+			if _, _, ok := k.take(2, now+100*ms); ok {
+				t.Error("a decision smaller than the one refused did not ask")
+			}
+			if _, _, ok := k.take(5, now+int64(c.blocked)); ok {
+				t.Errorf("still denied in memory after %v", c.blocked)
+			}
+		})
+	}
+}
+
+// A call whose reply was lost stays outstanding and goes again at the next
+// tick, marked resent; when Redis cannot tell whether it ran, nothing is
+// granted and its refunds are not counted (the safe side), but its credit
+// is. A call that certainly did not run goes again as new.
+func TestLostReply(t *testing.T) {
+	for _, notRun := range []bool{false, true} {
+		k := newKeyTest(t, perSecond1000)
+		now := 10*sec + 100*ms
+		lc := k.c.lock()
+		lc.owe(10, 7, 3)
+		lc.unlock()
+		call := k.ask(1, now)
+		k.lost(call, notRun)
+		if k.c.out != call {
+			t.Fatal("the call was forgotten")
+		}
+		again, at, _ := k.tick(now + 100*ms)
+		if again != call || at != 0 || call.win.Resent == notRun {
+			t.Fatalf("notRun %v: tick sent %p (resent %v), visit at %d; want the same call, resent %v", notRun, again, call.win.Resent, at, !notRun)
+		}
+		r := k.win(now+100*ms, 50, 60)
+		r.win.Unknown = !notRun
+		e := k.reply(call, now+100*ms, r)
+		want := effects{refunded: 7, reported: 3, leases: 1, leasedUnits: 50}
+		if !notRun {
+			want = effects{reported: 3}
+		}
+		e.visit = 0
+		if e != want {
+			t.Errorf("notRun %v: effects %+v, want %+v", notRun, e, want)
+		}
+		if k.c.out != nil {
+			t.Error("the call is still outstanding")
+		}
+		// A second reply to the same call changes nothing.
+		if e := k.reply(call, now+100*ms, k.win(now+100*ms, 50, 60)); e != (effects{}) {
+			t.Errorf("a second reply had effects %+v", e)
+		}
+	}
+}
+
+// A grant that arrives after its window ended, or while the Limiter
+// drains, is owed back at once.
+func TestGrantOwedBack(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		draining bool
+		at       int64
+	}{{"late", false, 11*sec + 10*ms}, {"draining", true, 10*sec + 500*ms}} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+			now := 10*sec + 500*ms
+			call := k.ask(1, now)
+			k.f.draining = c.draining
+			lc := k.c.lock()
+			e := lc.apply(k.p, call, k.win(now, 30, 30), exchange{before: now, after: c.at, ok: true}, k.f)
+			lc.unlock()
+			if got := k.debts(); e.visit != visitNow || len(got) != 1 || got[0] != (debt{idx: 10, refund: 30}) || k.c.cur.Load() != nil {
+				t.Errorf("effects %+v, debts %+v, lease %v; want the 30 owed back to window 10", e, got, k.c.cur.Load())
+			}
+		})
+	}
+}
+
+var tokens100 = ratelimit.Limit{Rate: 100, Period: time.Second, Burst: 100}
+
+// A bucket leases tokens with no window: the lease lasts until the key
+// goes quiet, then its tokens go back, net of credit.
+func TestBucketLeaseAndGiveBack(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			k := newKeyTest(t, tokens100, algorithm(alg))
+			now := 10*sec + 300*ms
+			call := k.ask(1, now)
+			if !call.bucket || call.bkt.Want != 6 || call.bkt.Min != 1 { // minLease: 100/16
+				t.Fatalf("call %+v; want a bucket call for minLease of 6", call.bkt)
+			}
+			e := k.reply(call, now, reply{bkt: script.BucketReply{Grant: 6, Level: 94}})
+			if e.leases != 1 || e.leasedUnits != 6 {
+				t.Fatalf("effects %+v", e)
+			}
+			d := k.mustTake(1, now)
+			// 5 held and 94 in the bucket: 1 token short of full, 10ms.
+			if d.Remaining != 99 || d.ResetAfter != 10*time.Millisecond {
+				t.Errorf("decision %+v; want 99 remaining, full in 10ms", d)
+			}
+			if _, _, ok := k.take(1, now+time.Hour.Nanoseconds()); !ok {
+				t.Error("a lease of tokens ended with time")
+			}
+			k.c.lastUse.Store(now)
+			if call, _, _ := k.tick(now + 50*ms); call != nil {
+				t.Fatalf("a key with tokens enough sent %+v", call.bkt)
+			}
+			lc := k.c.lock()
+			lc.owe(0, 0, 2) // 2 tokens of credit to report
+			lc.unlock()
+			call, _, _ = k.tick(now + 2*sec) // quiet for longer than its idle gap
+			if call == nil || call.bkt.Refund != 4-2 || call.bkt.Use != 0 || call.bkt.Want != 0 {
+				t.Fatalf("tick call %+v; want the 4 tokens held back, net of the 2 of credit", call)
+			}
+			if k.c.cur.Load() != nil {
+				t.Error("the tokens stayed")
+			}
+		})
+	}
+}
+
+// A bucket's credit budget (optimistic mode) is per period of the
+// instance's clock, as a window's is per window.
+func TestBucketCreditBudget(t *testing.T) {
+	k := newKeyTest(t, tokens100, algorithm(ratelimit.TokenBucket), optimistic)
+	share := k.p.optimisticShare(k.f) // 100/8
+	for _, now := range []int64{10*sec + 100*ms, 11*sec + 100*ms} {
+		for i := int64(0); i < share; i++ {
+			if _, _, _, ok := k.c.onCredit(k.p, 1, now, share, k.f); !ok {
+				t.Fatalf("at %v: borrow %d of %d refused", time.Duration(now), i+1, share)
+			}
+		}
+		if _, _, _, ok := k.c.onCredit(k.p, 1, now+500*ms, share, k.f); ok {
+			t.Fatalf("at %v: borrowed past the period's share", time.Duration(now))
+		}
+	}
+	if got := k.c.cur.Load().credit.Load(); got != 2*share {
+		t.Errorf("credit %d, want %d", got, 2*share)
+	}
+}
+
+// Settling a reservation for less gives the difference back to the lease
+// of its window while the lease is in hand; to Redis while the window still
+// counts; nowhere once it does not.
+func TestSettleGivesBack(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	now := 10*sec + 100*ms
+	k.lease(now, 50, 50)
+	k.mustTake(20, now)
+	lc := k.c.lock()
+	if v := lc.giveBack(k.p, 10, 15, now, k.f); v != visitNone || k.avail() != 45 {
+		t.Errorf("same window: visit %v, holds %d; want none, 45", v, k.avail())
+	}
+	if v := lc.giveBack(k.p, 9, 4, now, k.f); v != visitNow || len(lc.debts) != 1 || lc.debts[0] != (debt{idx: 9, refund: 4}) {
+		t.Errorf("the window before: visit %v debts %+v; want 4 owed to window 9", v, lc.debts)
+	}
+	if v := lc.giveBack(k.p, 8, 3, now, k.f); v != visitNone || lc.expired != 3 {
+		t.Errorf("a window that no longer counts: visit %v, expired %d; want dropped", v, lc.expired)
+	}
+	lc.unlock()
+}
+
+// Settling for more takes the excess from the lease, the rest on credit
+// past any budget, reported at the next tick.
+func TestSettleCharges(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10*sec + 100*ms
+	k.lease(now, 10, 10)
+	if v := k.c.charge(k.p, 25, now, k.f); v == visitNone {
+		t.Error("credit without a visit")
+	}
+	l := k.c.cur.Load()
+	if l.avail.Load() != 0 || l.credit.Load() != 15 {
+		t.Errorf("lease holds %d, credit %d; want 0 and 15", l.avail.Load(), l.credit.Load())
+	}
+	call, _, _ := k.tick(now + 50*ms)
+	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 10, Use: 15}) {
+		t.Errorf("tick call %+v; want the 15 reported", call)
+	}
+}
+
+// When a lease call gets no reply in time while the breaker is closed,
+// Redis' last word on the window stands: strict denies (until the window
+// ends when Redis said it was spent); optimistic admits on credit within
+// its share, bounded by what Redis last said was free.
+func TestSlowReply(t *testing.T) {
+	now := 10*sec + 500*ms
+	k := newKeyTest(t, perSecond1000)
+	d, _, _ := k.c.slowReply(k.p, 1, now, k.f)
+	if d.Allowed || d.RetryAfter != 100*time.Millisecond {
+		t.Errorf("strict, nothing known: %+v; want denied, retry after a tick", d)
+	}
+	k.lease(now, 5, 1000) // Redis: the window is spent
+	k.mustTake(5, now)
+	d, _, _ = k.c.slowReply(k.p, 1, now, k.f)
+	if d.Allowed || d.RetryAfter != 500*time.Millisecond {
+		t.Errorf("strict, spent: %+v; want denied until the window ends", d)
+	}
+
+	k = newKeyTest(t, perSecond1000, optimistic)
+	k.f.instances = 2
+	k.lease(now, 1, 1000-40) // 40 free, shared by 2 instances: 20
+	k.mustTake(1, now)
+	admitted := 0
+	for i := 0; i < 100; i++ {
+		if d, _, _ := k.c.slowReply(k.p, 1, now, k.f); d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Errorf("optimistic admitted %d on credit, want 20 (40 free, 2 instances)", admitted)
+	}
+}
+
+// While the breaker is open the failure mode decides: FailLocal within
+// Rate / instances per window, bounded by the window's last-known
+// remainder shared by the instances; FailOpen admits; FailClosed denies
+// for as long as the breaker stays open.
+func TestFallback(t *testing.T) {
+	now := 10*sec + 500*ms
+	admitted := func(k *keyTest) (n int, last ratelimit.Decision) {
+		for i := 0; i < 2000; i++ {
+			d, _, _ := k.c.fallback(k.p, 1, now, k.f)
+			if d.Allowed {
+				n++
+			}
+			last = d
+		}
+		return n, last
+	}
+	for _, c := range []struct {
+		name    string
+		mode    ratelimit.FailureMode
+		free    int64 // last known free in the window; -1: never heard
+		want    int
+		retryMS int64
+	}{
+		{"local, unknown window", ratelimit.FailLocal, -1, 250, 500},
+		{"local, 300 known free", ratelimit.FailLocal, 300, 75, 500},
+		{"open", ratelimit.FailOpen, -1, 2000, 0},
+		{"closed", ratelimit.FailClosed, -1, 0, 500},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k := newKeyTest(t, perSecond1000, func(cfg *config) { cfg.failure = c.mode })
+			k.f.instances, k.f.breaker = 4, breaker.Open
+			if c.free >= 0 {
+				lc := k.c.lock()
+				lc.setFree(nil, 10, c.free)
+				lc.unlock()
+			}
+			n, last := admitted(k)
+			if n != c.want {
+				t.Errorf("admitted %d, want %d", n, c.want)
+			}
+			if c.want < 2000 && last.RetryAfter != time.Duration(c.retryMS)*time.Millisecond {
+				t.Errorf("denied with RetryAfter %v, want %dms", last.RetryAfter, c.retryMS)
+			}
+		})
+	}
+}
+
+// A key nothing marks is visited when it must be: within its lead of the
+// window's end to lease ahead, once its window ends (SlidingWindow), and
+// once idle for two periods; a key out of the table is not scheduled.
+func TestNextVisit(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	now := 10*sec + 100*ms
+	k.lease(now, 50, 50)
+	k.mustTake(1, now)
+	_, at, _ := k.tick(now)
+	if want := 11*sec - k.c.lead; at != want {
+		t.Errorf("visit at %v, want %v (the lead before the window's end)", time.Duration(at), time.Duration(want))
+	}
+	k.c.dead.Store(true)
+	if _, at, _ := k.tick(now + 10*ms); at != 0 {
+		t.Errorf("a key out of the table scheduled at %v", time.Duration(at))
+	}
+}
