@@ -94,8 +94,8 @@ func (b buckets) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 	lc.attachBucketDebts(a)
 	now := t.now
 	active := !t.quiet || now-t.lastUse < t.gap
-	if !active || t.dead || f.draining || f.breaker == breaker.Open || now < lc.blockedUntil.Load() {
-		return
+	if !active || t.dead || f.draining || f.breaker == breaker.Open || now < lc.blockedUntil.Load() || !lc.warm(b.p, t, f) {
+		return // (a cold key is counted exactly: see exact.go)
 	}
 	switch cur := lc.cur.Load(); {
 	case cur == nil:

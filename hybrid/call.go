@@ -32,6 +32,15 @@ type flight struct {
 	err  error // written before done closes
 }
 
+// Done returns a channel closed when the attempt is over, or nil for no
+// attempt.
+func (f *flight) Done() <-chan struct{} {
+	if f == nil {
+		return nil
+	}
+	return f.done
+}
+
 // callID identifies a new call: the Limiter's sequence number, and the
 // nonce Redis' replay record knows it by; now is the time the call counts
 // at, microseconds since the epoch (WithClock), or 0 for Redis TIME.
@@ -145,6 +154,14 @@ func (k *leaseCall) empty() bool {
 		return k.bkt.Refund == 0 && k.bkt.Use == 0 && k.bkt.Want == 0
 	}
 	return len(k.win.Adjust) == 0 && k.win.Want == 0 && k.win.WantNext == 0
+}
+
+// base is the Redis key base of the call's key.
+func (k *leaseCall) base() string {
+	if k.bucket {
+		return k.bkt.Base
+	}
+	return k.win.Base
 }
 
 // request returns the call as the pipe sends it.

@@ -32,6 +32,7 @@ type counter struct {
 	blockedRetry atomic.Int64          // mono ns: when Redis said blockedMin would fit (at or after blockedUntil)
 	lastUse      atomic.Int64          // mono ns of the last decision, to a 32nd of the period
 	missed       atomic.Uint64         // denied since the last tick: decisions << 32 | units
+	exact        atomic.Uint64         // admitted by an exact call since the last tick: decisions << 32 | units
 	allowed      atomic.Uint64         // allowed decisions of past ticks (the tick folds lease.tick into it)
 	denied       atomic.Uint64         // denied decisions of past ticks (the tick folds missed into it)
 	waited       atomic.Uint64         // decisions that waited on Redis
@@ -65,6 +66,12 @@ type counter struct {
 	askedIdx  int64
 	asked     int64
 	prevAsked int64
+
+	// Units asked through the slow path in window slowIdx, and in the one
+	// before it: how cold the key is (see cold).
+	slowIdx  int64
+	slowUses int64
+	slowPrev int64
 
 	expired   int64 // leased units whose window ended before they were used
 	visitTick int64 // the sync tick a visit is scheduled for (0: none)
@@ -321,11 +328,11 @@ func (lc *lockedCounter) knownFree(idx int64) (int64, bool) {
 	return 0, false
 }
 
-// takeTick returns and resets what the key's leases admitted since the
-// last tick: allowed decisions << 32 | units. A lease taken ahead that was
+// takeTick returns and resets what the key admitted since the last tick,
+// from its leases and by exact calls: allowed decisions << 32 | units. A lease taken ahead that was
 // taken from is no longer untouched.
 func (lc *lockedCounter) takeTick() uint64 {
-	var t uint64
+	t := lc.exact.Swap(0)
 	for _, l := range lc.old {
 		t += l.tick.Swap(0)
 	}
@@ -342,7 +349,7 @@ func (lc *lockedCounter) takeTick() uint64 {
 
 // peekTick is takeTick without the reset.
 func (lc *lockedCounter) peekTick() uint64 {
-	var t uint64
+	t := lc.exact.Load()
 	for _, l := range lc.old {
 		t += l.tick.Load()
 	}

@@ -139,6 +139,7 @@ func sumStats(hs []*hybrid.Limiter) hybrid.Stats {
 		s.KeysTracked += x.KeysTracked
 		s.FlushErrors += x.FlushErrors
 		s.Fallback += x.Fallback
+		s.ExactDecisions += x.ExactDecisions
 	}
 	return s
 }

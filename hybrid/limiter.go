@@ -61,13 +61,15 @@ type Limiter struct {
 	table  *local.Table[*counter]
 	index  gosync.Map // key -> *counter: the lock-free read path in front of table
 	syncer *bgsync.Syncer[*counter]
-	wheel  wheel             // visits the syncer scheduled
-	asks   queue[*leaseCall] // decisions' lease calls, sent in shared pipelines
+	wheel  wheel   // visits the syncer scheduled
+	asks   *router // decisions' calls, sent in shared pipelines per Redis node
 	pipe   pipe
 	health health
 
-	seq      atomic.Int64 // sequence of lease calls
-	draining atomic.Int32 // Flush or Close in progress: give back, do not lease
+	seq        atomic.Int64 // sequence of lease calls
+	exacts     atomic.Int64 // exact calls on their way
+	lostExacts atomic.Int64 // exact calls that got no reply
+	draining   atomic.Int32 // Flush or Close in progress: give back, do not lease
 
 	closed    atomic.Bool
 	closeOnce gosync.Once
@@ -81,7 +83,7 @@ type Limiter struct {
 
 type stats struct {
 	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
-	flushErrors, fallback, noReply, leasedAhead                         atomic.Uint64
+	flushErrors, fallback, noReply, leasedAhead, exact                  atomic.Uint64
 	retiredAllowed, retiredDenied, retiredWaited, retiredExpired        atomic.Uint64
 }
 
@@ -126,12 +128,14 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.start = cfg.now()
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
 	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips}
-	h.asks = queue[*leaseCall]{maxInFlight: maxSyncPipelines, wg: &h.inflight, send: func(calls []*leaseCall) {
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
-		defer cancel()
-		h.st.syncRoundTrips.Add(1)
-		h.send(ctx, calls)
-	}}
+	h.asks = newRouter(client, func() *queue {
+		return &queue{maxInFlight: pipelinesPerNode, wg: &h.inflight, send: func(batch []queued) {
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
+			defer cancel()
+			h.st.syncRoundTrips.Add(1)
+			h.send(ctx, batch)
+		}}
+	})
 	h.wheel.interval = int64(cfg.syncInterval)
 	h.health.init(h, cfg)
 	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
@@ -306,7 +310,24 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 			}
 			fire = timer.C
 		}
-		if err := h.ask(ctx, c, n, now, fire, expired); err != nil {
+		e, err := h.ask(ctx, c, n, now, fire, expired)
+		if err == nil && e != nil {
+			// a cold key's exact call: its reply is the decision
+			h.st.exact.Add(1)
+			if attempt == 0 {
+				c.waited.Add(1)
+			}
+			d, l, v := c.decideExact(p, e, h.mono(), h.facts())
+			h.tell(c, v)
+			return d, l, nil
+		}
+		if e != nil { // its call failed: what it carried is settled on the safe side
+			lc := c.lock()
+			v := lc.settleExact(e, false)
+			lc.unlock()
+			h.tell(c, v)
+		}
+		if err != nil {
 			// e. no reply in time
 			if ctx.Err() != nil {
 				return ratelimit.Decision{}, nil, ctx.Err()
@@ -330,40 +351,62 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 	}
 }
 
-// ask sends the key's lease call for a decision of n units, or joins the
-// one on its way (a per-key singleflight), and waits at most until timeout
-// fires or expired closes, whatever the Redis client's own timeouts are.
-// The call goes out with every other key's queued meanwhile, in one
-// pipeline (see queue).
-func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) error {
+// ask asks Redis for a decision of n units of the key at now, and waits
+// at most until timeout fires or expired closes, whatever the Redis
+// client's own timeouts are. A cold key's decision is counted exactly: its
+// exact call is returned with its reply. A warm key's lease call is sent,
+// or the one on its way joined (a per-key singleflight), and the decision
+// takes from the lease again once it is back (nil is returned). Either call
+// goes out with every other call of that moment to the same Redis node, in
+// one pipeline (see queue).
+func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (*exactCall, error) {
+	f := h.facts()
 	lc := c.lock()
 	fl := lc.inFlight()
-	if fl == nil {
+	var e *exactCall
+	switch {
+	case fl != nil: // joined
+		lc.unlock()
+	case lc.out == nil && lc.cold(h.p, n, now, f):
+		e = lc.newExact(h.p, h.newID(), n, now, f)
+		lc.unlock()
+		h.exacts.Add(1)
+		h.asks.add(e)
+	default:
 		var id callID
 		if lc.out == nil {
 			id = h.newID()
 		}
-		k := lc.ask(h.p, id, n, now, h.facts())
+		k := lc.ask(h.p, id, n, now, f)
 		fl = lc.startFlight(k)
 		lc.unlock()
 		h.asks.add(k)
-	} else {
-		lc.unlock()
 	}
+	done := fl.Done()
+	if e != nil {
+		done = e.done
+	}
+	var err error
 	select {
-	case <-fl.done:
-		return fl.err
+	case <-done:
+		if e != nil {
+			return e, e.res.err
+		}
+		return nil, fl.err
 	case <-timeout:
-		return context.DeadlineExceeded
+		err = context.DeadlineExceeded
 	case <-expired:
-		return context.DeadlineExceeded
+		err = context.DeadlineExceeded
 	case <-ctx.Done():
-		return ctx.Err()
+		err = ctx.Err()
 	}
+	if e != nil && !e.abandon() {
+		<-e.done // the reply came meanwhile: it is the decision's
+		return e, e.res.err
+	}
+	return nil, err
 }
 
-// mono is the Limiter's time: ns since New, on the monotonic clock (or
-// WithClock's).
 func (h *Limiter) mono() int64 {
 	if h.clock != nil {
 		return int64(h.clock().Sub(h.start))

@@ -227,10 +227,14 @@ func (m *Multi) decide(ctx context.Context, key string, n int, states []ratelimi
 	return idx, nil
 }
 
-// fast decides every limit from the lease in hand, without waiting: it
-// reports whether one denied and how many could not decide.
+// fast decides every limit that does not hold n yet from the lease in
+// hand, without waiting: it reports whether one denied and how many could
+// not decide.
 func (m *Multi) fast(r *round, n int64, states []ratelimit.LimitState) (denied bool, missed int) {
 	for i, h := range m.lims {
+		if r.took[i] != nil {
+			continue // it holds n already
+		}
 		d, l, v, ok := r.cs[i].take(h.p, n, h.mono())
 		h.tell(r.cs[i], v)
 		r.asked[i] = ok
@@ -256,9 +260,10 @@ func (m *Multi) giveBack(r *round, n int64) {
 
 // slow finishes a decision the leases in hand could not take (denied
 // false) or that one of them denied: it gives back what it holds first
-// (it never waits on Redis with quota in hand), leases for every limit
-// that could not decide, at once and within one timeout, and decides again
-// from the leases.
+// (it never waits on Redis with quota in hand), then decides every limit
+// that could not through its slow path (a lease, or a cold key's exact
+// call), at once and within one timeout, and the limits it gave back
+// again from their leases.
 func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states []ratelimit.LimitState, denied bool) error {
 	m.giveBack(r, n)
 	var expired chan struct{}
@@ -295,14 +300,16 @@ func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states 
 				r.cs[i] = h.lookup(key)
 			}
 		}
-		m.giveBack(r, n)
 		if err != nil {
+			m.giveBack(r, n)
 			return err
 		}
 		if denied {
 			break
 		}
-		// The leases are in hand: decide from them.
+		// What the round admitted it holds (a cold key's exact call counted
+		// it in Redis); the limits it gave back at the start decide again
+		// from their leases in hand.
 		d, missed := m.fast(r, n, states)
 		if !d && missed == 0 {
 			return nil
@@ -310,6 +317,7 @@ func (m *Multi) slow(ctx context.Context, r *round, key string, n int64, states 
 		m.giveBack(r, n)
 		denied = d
 	}
+	m.giveBack(r, n)
 	for i, h := range m.lims {
 		if !r.asked[i] {
 			states[i] = r.cs[i].peek(h.p, n, h.mono(), h.facts())

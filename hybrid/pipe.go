@@ -35,8 +35,9 @@ type request struct {
 
 // reply is a request's reply, read.
 type reply struct {
-	win script.Reply       // a lease.lua call's
-	bkt script.BucketReply // a bucket.lua call's
+	win  script.Reply       // a lease.lua call's
+	bkt  script.BucketReply // a bucket.lua call's
+	take script.TakeReply   // a take.lua call's
 }
 
 func parseLease(v any) (reply, error) {

@@ -114,8 +114,8 @@ func (w windows) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 	if lc.asked > 0 || lc.prevAsked == 0 {
 		active = active && now-t.lastUse < t.gap
 	}
-	if !inUse || t.dead || f.draining || f.breaker == breaker.Open {
-		return
+	if !inUse || t.dead || f.draining || f.breaker == breaker.Open || !lc.warm(p, t, f) {
+		return // (a cold key is counted exactly: see exact.go)
 	}
 	blocked := now < lc.blockedUntil.Load()
 	switch cur := lc.cur.Load(); {

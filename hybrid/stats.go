@@ -13,6 +13,7 @@ type Stats struct {
 	Allowed        uint64 // decisions that admitted
 	Denied         uint64 // decisions that denied
 	LocalDecisions uint64 // decisions taken in memory, without waiting on Redis
+	ExactDecisions uint64 // decisions of cold keys counted exactly in Redis, one call each (shared round trips), not by a lease
 	RoundTrips     uint64 // Redis round trips of every kind (a pipeline counts once)
 	SyncRoundTrips uint64 // round trips a decision waited on
 	Leases         uint64 // grants of quota received from Redis
@@ -49,6 +50,7 @@ func (h *Limiter) Stats() Stats {
 		Reported:       h.st.reported.Load(),
 		FlushErrors:    h.st.flushErrors.Load(),
 		Fallback:       h.st.fallback.Load(),
+		ExactDecisions: h.st.exact.Load(),
 		Allowed:        h.st.retiredAllowed.Load(),
 		Expired:        h.st.retiredExpired.Load(),
 		Denied:         h.st.retiredDenied.Load(),

@@ -38,7 +38,7 @@ func (h *Limiter) tick(ctx context.Context) {
 // something or wait for a reply, to be visited again.
 func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, error) {
 	now := h.mono()
-	var calls []*leaseCall
+	var calls []queued
 	for _, c := range batch {
 		if k := h.plan(c, now); k != nil {
 			calls = append(calls, k)
@@ -94,21 +94,24 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 	return k
 }
 
-// send sends calls in one pipeline and applies the replies. A call whose
-// reply was not seen stays outstanding, and the syncer sends it again.
-func (h *Limiter) send(ctx context.Context, calls []*leaseCall) error {
-	reqs := make([]request, len(calls))
-	for i, k := range calls {
-		reqs[i] = k.request()
+// send sends the calls of batch in one pipeline and applies the replies:
+// lease calls' grants go into their keys' leases (a call whose reply was
+// not seen stays outstanding, and the syncer sends it again); exact calls'
+// replies go to the decisions waiting for them.
+func (h *Limiter) send(ctx context.Context, batch []queued) error {
+	reqs := make([]request, len(batch))
+	for i, q := range batch {
+		reqs[i] = q.request()
 	}
-	res := make([]result, len(calls))
+	res := make([]result, len(batch))
 	x := h.pipe.exec(ctx, reqs, res)
 	if !x.ok {
 		// No reply at all within a call's deadline: Redis is away, not
 		// slow. The breaker opens now.
 		err := fmt.Errorf("hybrid: no reply from Redis in time: %w", context.DeadlineExceeded)
-		for _, k := range calls {
-			h.unanswered(k, err, false)
+		for i, q := range batch {
+			res[i].err = err
+			h.answer(q, res[i], x)
 		}
 		h.health.brk.Trip()
 		h.health.failed(err)
@@ -116,16 +119,14 @@ func (h *Limiter) send(ctx context.Context, calls []*leaseCall) error {
 	}
 	var first error
 	fresh := false // a call was applied anew: Redis writes, not only answers
-	for i, k := range calls {
-		if err := res[i].err; err != nil {
-			h.unanswered(k, err, res[i].notRun)
-			if first == nil {
-				first = err
-			}
-			continue
+	for i, q := range batch {
+		if err := res[i].err; err != nil && first == nil {
+			first = err
 		}
-		fresh = fresh || !k.resent()
-		h.applyReply(k, res[i].reply, x)
+		if k, ok := q.(*leaseCall); !ok || !k.resent() {
+			fresh = fresh || res[i].err == nil
+		}
+		h.answer(q, res[i], x)
 	}
 	if first == nil {
 		first = x.err
@@ -140,6 +141,37 @@ func (h *Limiter) send(ctx context.Context, calls []*leaseCall) error {
 		h.health.brk.Success()
 	}
 	return nil
+}
+
+// answer hands call q the result r of exchange x.
+func (h *Limiter) answer(q queued, r result, x exchange) {
+	switch q := q.(type) {
+	case *leaseCall:
+		if r.err != nil {
+			h.unanswered(q, r.err, r.notRun)
+		} else {
+			h.applyReply(q, r.reply, x)
+		}
+	case *exactCall:
+		defer h.exacts.Add(-1)
+		if r.err != nil && !x.ok {
+			h.lostExacts.Add(1)
+		}
+		if r.err == nil {
+			switch {
+			case q.fw:
+				h.clk.observe(r.take.Now, x.before, x.after)
+			case !q.call.bucket:
+				h.clk.observe(r.win.Now, x.before, x.after)
+			}
+		}
+		if !q.answered(r, x) { // the decision left: what the call counted goes back
+			lc := q.c.lock()
+			v := lc.settleExact(q, true)
+			lc.unlock()
+			h.tell(q.c, v)
+		}
+	}
 }
 
 // applyReply applies the reply of call k to its key, ends its flight, and

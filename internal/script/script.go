@@ -261,3 +261,58 @@ func ParseBucket(v any) (BucketReply, error) {
 	}
 	return BucketReply{Grant: f[0], Level: f[1], Retry: f[2], Full: f[3], Replayed: f[4] == 1, Unknown: f[4] == 2}, nil
 }
+
+//go:embed take.lua
+var takeSource string
+
+// Take is the hybrid's exact accounting of one decision on a cold key of a
+// FixedWindow limit (take.lua): n units added to the current window's
+// counter when they fit, as global's FixedWindow script does. Its
+// arguments are built by TakeArgs and its reply read by ParseTake.
+var Take = New(takeSource)
+
+// TakeArgs are the arguments of one Take call.
+type TakeArgs struct {
+	Base  string // KeyBase of the user key
+	Kind  string // counter kind: Kind(FixedWindow, limit)
+	Limit ratelimit.Limit
+	Now   int64 // microseconds since the epoch; <= 0 reads Redis TIME
+	N     int64 // units of the decision
+
+	// What the caller owes window AdjustIdx goes in first when it is the
+	// current window: units it gives back (never below zero), and units
+	// it admitted on credit.
+	AdjustIdx int64
+	Refund    int64
+	Use       int64
+}
+
+// Keys returns the KEYS of the call.
+func (a *TakeArgs) Keys() []string { return []string{a.Base} }
+
+// Args returns the ARGV of the call.
+func (a *TakeArgs) Args() []any {
+	now := a.Now
+	if now <= 0 {
+		now = -1
+	}
+	return []any{a.Kind, int64(a.Limit.Period / time.Microsecond), a.Limit.Rate, now, a.N, a.AdjustIdx, a.Refund, a.Use}
+}
+
+// TakeReply is the reply of one Take call.
+type TakeReply struct {
+	Idx      int64 // the window counted in
+	Now      int64 // the time the script used, microseconds since the epoch
+	Count    int64 // the window's count after the call
+	Admitted bool  // the n units were added: they fit under the limit
+	Adjusted bool  // the adjustment was applied (its window is Idx)
+}
+
+// ParseTake reads the reply of a Take call.
+func ParseTake(v any) (TakeReply, error) {
+	f, err := ints(v, 5)
+	if err != nil {
+		return TakeReply{}, err
+	}
+	return TakeReply{Idx: f[0], Now: f[1], Count: f[2], Admitted: f[3] == 1, Adjusted: f[4] == 1}, nil
+}

@@ -1,0 +1,284 @@
+package hybrid
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// Cold keys: exact accounting of each decision in Redis.
+//
+// A key this instance sees about once a window or less (a user, an API
+// key, an IP in the long tail) would lease quota it then mostly gives
+// back unused: a lease call and a refund for one decision, and quota
+// stranded meanwhile. Such a key's decisions are counted exactly instead,
+// each in one call (an exactCall) that shares its round trip with every
+// other call of that moment: for FixedWindow an increment of the window's
+// counter (take.lua), what lands over the limit given back by the key's
+// next lease call; for SlidingWindow and the buckets, a call of the lease
+// script for exactly n units, consumed at once. A key leases again once it
+// is asked leaseAt times in a window; a leased key keeps leasing ahead while
+// it is used in every window (lease ahead), so the two regimes have
+// hysteresis. Keys are counted exactly also when the instance's share of
+// the limit is too small to lease (Rate < leaseShare x instances) and when
+// a window is nearly spent (its last-known remainder at most twice the
+// instances): the last units go one decision at a time, to whoever asks,
+// none stranded in a lease.
+
+const (
+	leaseAt    = 2 // units a key is asked in a window on an instance before it leases
+	leaseShare = 8 // the least Rate / instances that leases
+)
+
+// exactCall is one decision of a cold key counted exactly in Redis: n
+// units, sent once, with what the key owes. It is never sent again, so its
+// units are never counted twice: when its reply is lost the decision takes
+// the safe side (the units may stay counted; the decision goes as a slow
+// reply does), and when the reply comes after the decision stopped
+// waiting, what it counted is owed back (see settleExact).
+type exactCall struct {
+	c     *counter
+	n     int64
+	fw    bool            // take.lua; else the lease or bucket script for exactly n
+	take  script.TakeArgs // fw
+	call  leaseCall       // !fw: the arguments, not an outstanding call
+	owed  []debt          // what the call carries of the key's debts
+	done  chan struct{}   // closed when res is set
+	state atomic.Int32    // exactWaited, exactAnswered or exactAbandoned
+	res   result          // the reply, or the error
+	x     exchange        // the round trip that answered
+}
+
+const (
+	exactWaited    = iota // the decision waits for the reply
+	exactAnswered         // the reply is the decision's
+	exactAbandoned        // the decision stopped waiting: what the reply counted is owed back
+)
+
+// abandon is called by a decision that stops waiting for e. It reports
+// false when the reply came first: then it is the decision's after all.
+func (e *exactCall) abandon() bool { return e.state.CompareAndSwap(exactWaited, exactAbandoned) }
+
+// answered hands e its reply; it reports false when the decision left
+// first.
+func (e *exactCall) answered(r result, x exchange) bool {
+	e.res, e.x = r, x
+	ok := e.state.CompareAndSwap(exactWaited, exactAnswered)
+	close(e.done)
+	return ok
+}
+
+// counted returns what Redis counted of e: its n units when admitted,
+// in window idx.
+func (e *exactCall) counted() (idx, units int64) {
+	switch {
+	case e.fw:
+		if e.res.take.Admitted {
+			units = e.n
+		}
+		return e.res.take.Idx, units
+	case e.call.bucket:
+		if e.res.bkt.Grant >= e.n {
+			units = e.n
+		}
+		return 0, units
+	default:
+		if e.res.win.Grant >= e.n {
+			units = e.n
+		}
+		return e.res.win.Idx, units
+	}
+}
+
+func (e *exactCall) base() string {
+	if e.fw {
+		return e.take.Base
+	}
+	return e.call.base()
+}
+
+func (e *exactCall) request() request {
+	if e.fw {
+		return request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
+	}
+	return e.call.request()
+}
+
+func parseTake(v any) (reply, error) {
+	r, err := script.ParseTake(v)
+	return reply{take: r}, err
+}
+
+// cold counts a decision of n units that the lease in hand cannot take at
+// now, and reports whether it is to be counted exactly in Redis rather
+// than by a lease (see the comment at the top of this file).
+func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
+	idx, _ := p.policy.window(lc, now, f)
+	if idx != lc.slowIdx {
+		lc.slowPrev = 0
+		if idx == lc.slowIdx+1 {
+			lc.slowPrev = lc.slowUses
+		}
+		lc.slowIdx, lc.slowUses = idx, 0
+	}
+	lc.slowUses += n
+	this, last := lc.slowUses, lc.slowPrev
+	switch lc.askedIdx {
+	case idx:
+		this, last = max(this, lc.asked), max(last, lc.prevAsked)
+	case idx - 1:
+		last = max(last, lc.asked)
+	}
+	if l := lc.cur.Load(); l != nil && l.known && now < l.end && l.avail.Load() > 0 {
+		return false // it holds units of the window: a lease call adds what it lacks
+	}
+	return !lc.leasable(p, idx, f) || this < leaseAt && last < leaseAt
+}
+
+// leasable reports whether the key may lease in window idx at all: the
+// instance's share of the limit is large enough, and the window is not
+// nearly spent.
+func (lc *lockedCounter) leasable(p *params, idx int64, f fleet) bool {
+	if p.rate < leaseShare*f.instances {
+		return false
+	}
+	if p.bucket {
+		return true // (a bucket refills all the time: a few tokens leased are used soon)
+	}
+	free, known := lc.knownFree(idx)
+	return !known || free > 2*f.instances
+}
+
+// warm reports, at a tick, whether the key leases in the background: it
+// holds a lease of its own, or it was asked leaseAt units in this window
+// or the last; and it may lease at all.
+func (lc *lockedCounter) warm(p *params, t tickFacts, f fleet) bool {
+	idx, _ := p.policy.window(lc, t.now, f)
+	if !lc.leasable(p, idx, f) {
+		return false
+	}
+	if l := lc.cur.Load(); l != nil && l.known {
+		return true
+	}
+	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt
+}
+
+// newExact makes the exact call of a decision of n units at now. It
+// carries what the key owes, credit first (see lease.lua and take.lua):
+// for FixedWindow, what it owes the window the call counts in (if another
+// by the time the call runs, nothing is applied and the debt stays).
+func (lc *lockedCounter) newExact(p *params, id callID, n, now int64, f fleet) *exactCall {
+	e := &exactCall{c: lc.counter(), n: n, fw: p.alg == ratelimit.FixedWindow, done: make(chan struct{})}
+	lc.oweLate()
+	lc.oweCredit()
+	if e.fw {
+		idx, _ := p.policy.window(lc, now, f)
+		e.take = script.TakeArgs{Base: p.prefix + ":{" + tagOf(lc.key) + "}:", Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: idx}
+		for i, d := range lc.debts {
+			if d.idx == idx {
+				e.take.Refund, e.take.Use = d.refund, d.use
+				e.owed = append(e.owed, d)
+				lc.debts = append(lc.debts[:i], lc.debts[i+1:]...)
+				break
+			}
+		}
+		return e
+	}
+	id.nonce = "" // never sent twice: no replay record
+	e.call = *lc.newCall(p, id, f)
+	if e.call.bucket {
+		e.call.bkt.Want, e.call.bkt.Min, e.call.bkt.Instances = n, n, 1
+		e.owed = append(e.owed, lc.debts...)
+		lc.attachBucketDebts(&e.call.bkt)
+		return e
+	}
+	e.call.win.Want, e.call.win.Min, e.call.win.Instances = n, n, 1
+	lc.attachDebts(p, &e.call.win, now, f)
+	for _, a := range e.call.win.Adjust {
+		e.owed = append(e.owed, debt{idx: a.Idx, refund: a.Refund, use: a.Use})
+	}
+	return e
+}
+
+// settleExact settles what exact call e carried and counted once its
+// decision is over: with its reply, a FixedWindow adjustment that did not
+// apply is owed again, and when the decision stopped waiting (abandoned),
+// the units the call counted are owed back. A call without a reply is in
+// doubt: its credit is owed again (counted twice at worst, the safe side)
+// and its refunds are dropped (never given back, the safe side).
+func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
+	v := visitNone
+	if e.res.err != nil {
+		for _, d := range e.owed {
+			if d.use > 0 {
+				lc.owe(d.idx, 0, d.use)
+				v = visitNow
+			}
+		}
+		return v
+	}
+	if e.fw && !e.res.take.Adjusted {
+		for _, d := range e.owed {
+			lc.owe(d.idx, d.refund, d.use)
+			v = visitNow
+		}
+	}
+	if idx, units := e.counted(); abandoned && units > 0 {
+		lc.owe(idx, units, 0)
+		v = visitNow
+	}
+	return v
+}
+
+// decideExact decides the exact call e of the key from its reply, at now:
+// admitted when Redis counted its n units within the limit; else denied,
+// and the key is refused until the units could fit (for a second at most,
+// as a refused lease is). An admission returns a lease of its window that
+// holds nothing, for a reservation or a Multi to give back to.
+func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (ratelimit.Decision, *lease, visit) {
+	x, n := e.x, e.n
+	lc := c.lock()
+	defer lc.unlock()
+	v := lc.settleExact(e, false)
+	var end, remaining, retry int64
+	switch {
+	case e.fw:
+		r := e.res.take
+		end = f.clock.end(r.Idx, (r.Idx+1)*p.periodUS-r.Now, x.before, x.after)
+		remaining, retry = p.rate-r.Count, end-now
+		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
+	case p.bucket:
+		r := e.res.bkt
+		end = noEnd
+		remaining, retry = r.Level, x.before+r.Retry*1000-now
+		lc.setFree(lc.cur.Load(), 0, r.Level)
+	default:
+		r := e.res.win
+		end = f.clock.end(r.Idx, r.Reset, x.before, x.after)
+		remaining, retry = p.rate-r.Count, x.before+r.Retry*1000-now
+		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
+	}
+	remaining = min(max(0, remaining), p.capacity)
+	if idx, units := e.counted(); units > 0 {
+		c.exact.Add(1<<32 | uint64(n))
+		c.noteUse(p, now)
+		d := ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(remaining), ResetAfter: time.Duration(max(0, end-now))}
+		if p.bucket {
+			d.ResetAfter = time.Duration(p.bucketReset(remaining))
+		}
+		return d, &lease{idx: idx, start: end - p.periodNS, end: end, known: true}, v
+	}
+	c.refused(p, n, now)
+	retry = max(retry, int64(time.Millisecond))
+	c.block(n, now, now+retry)
+	d := p.denied(retry, retry)
+	d.Remaining = int(remaining)
+	if p.bucket {
+		d.ResetAfter = time.Duration(max(retry, p.bucketReset(remaining)))
+	} else {
+		d.ResetAfter = time.Duration(max(retry, end-now))
+	}
+	return d, nil, v.or(visitSoon)
+}
