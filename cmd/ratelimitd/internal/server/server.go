@@ -44,6 +44,7 @@ type Options struct {
 	// embedded in-process Redis, for one process only.
 	RedisAddrs                   []string
 	RedisMaster                  string
+	RedisCluster                 bool // one address is a Cluster's (REDIS_TYPE=CLUSTER with one URL)
 	RedisUsername, RedisPassword string
 	RedisPoolSize                int
 
@@ -53,6 +54,17 @@ type Options struct {
 	// Defaults are the mode, algorithm and failure mode of rules that do not
 	// name theirs (zero: strict, fixed_window, local).
 	Defaults config.Defaults
+	// StrictConfig refuses what envoyproxy/ratelimit loads with a silent
+	// meaning (config.Options.Strict); MergeDomains lets several files
+	// define one domain (MERGE_DOMAIN_CONFIG).
+	StrictConfig, MergeDomains bool
+	// Compat are the envoyproxy/ratelimit behaviours asked for.
+	Compat service.Compat
+	// TLS configures TLS to Redis and on the gRPC server (tls.go).
+	TLS TLSOptions
+	// XDS, with a server address, takes the configuration from an xDS
+	// management server instead of files (xds.go).
+	XDS XDSOptions
 
 	Prefix          string        // Redis key prefix (default "ratelimitd")
 	Timeout         time.Duration // bound of every wait on Redis (default 100ms)
@@ -121,10 +133,11 @@ func New(opts Options) (srv *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	cfg, err := config.Parse(opts.Defaults, srcs...)
+	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
 	if err != nil {
 		return nil, fmt.Errorf("configuration:\n%w", err)
 	}
+	s.warnings(cfg)
 	s.lastHash = hashSources(srcs)
 	if err := s.connect(); err != nil {
 		return nil, err
@@ -132,7 +145,7 @@ func New(opts Options) (srv *Server, err error) {
 	s.svc, err = service.New(service.Options{
 		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
-		Defaults: opts.Defaults, Logger: s.log,
+		Defaults: opts.Defaults, Compat: opts.Compat, Logger: s.log,
 	})
 	if err != nil {
 		return nil, err
@@ -148,7 +161,11 @@ func New(opts Options) (srv *Server, err error) {
 	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("http listener: %w", err)
 	}
-	s.grpc = grpc.NewServer()
+	creds, err := opts.TLS.grpcCreds(s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(creds...)
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -168,7 +185,12 @@ func (s *Server) connect() error {
 			"addr", mr.Addr())
 		o.RedisAddrs = []string{mr.Addr()}
 	}
+	tlsConf, err := o.TLS.redisTLS()
+	if err != nil {
+		return err
+	}
 	s.client = redis.NewUniversalClient(&redis.UniversalOptions{
+		TLSConfig: tlsConf, IsClusterMode: o.RedisCluster,
 		Addrs: o.RedisAddrs, MasterName: o.RedisMaster,
 		Username: o.RedisUsername, Password: o.RedisPassword,
 		PoolSize:              o.RedisPoolSize,
@@ -193,6 +215,7 @@ func (s *Server) Service() *service.Service { return s.svc }
 func (s *Server) Run(ctx context.Context) error {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(PeerHealthService, healthpb.HealthCheckResponse_SERVING)
 	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -302,8 +325,9 @@ func (s *Server) reload() {
 		return
 	}
 	s.lastHash = h
-	cfg, err := config.Parse(s.opts.Defaults, srcs...)
+	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
 	if err == nil {
+		s.warnings(cfg)
 		err = s.svc.Apply(cfg)
 	}
 	if err != nil {

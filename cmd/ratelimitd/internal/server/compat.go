@@ -1,0 +1,38 @@
+package server
+
+import (
+	"io"
+	"net/http"
+
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+)
+
+// PeerHealthService is the gRPC health service name envoyproxy/ratelimit
+// reports under, which its deployments' health checks ask for; ratelimitd
+// answers it as it answers the overall status ("") and
+// envoy.service.ratelimit.v3.RateLimitService.
+const PeerHealthService = "ratelimit"
+
+func (s *Server) parseOptions() config.Options {
+	return config.Options{Defaults: s.opts.Defaults, Strict: s.opts.StrictConfig, MergeDomains: s.opts.MergeDomains}
+}
+
+// warnings logs what a configuration load read with envoyproxy/ratelimit's
+// silent meaning, or changed to enforce it, one line each naming the file,
+// line and field.
+func (s *Server) warnings(cfg *config.Config) {
+	for _, w := range cfg.Warnings {
+		s.log.Warn("configuration warning (--strict-config refuses what envoyproxy/ratelimit reads silently)", "at", w.Error())
+	}
+}
+
+// healthcheck is envoyproxy/ratelimit's GET /healthcheck: 200 "OK" while
+// the service serves (a configuration is loaded and no shutdown began),
+// 500 otherwise. It does not wait on Redis; /readyz does.
+func (s *Server) healthcheck(w http.ResponseWriter, _ *http.Request) {
+	if s.draining.Load() || !s.svc.Loaded() {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	io.WriteString(w, "OK")
+}
