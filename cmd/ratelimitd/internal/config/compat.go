@@ -164,3 +164,8 @@ func (d *Domain) merge(o *Domain) error {
 	d.root.wild = append(d.root.wild, o.root.wild...)
 	return nil
 }
+
+// Empty returns a Config with no domain: every request is of an unknown
+// domain (the start of an xDS source told to serve before its first
+// update).
+func Empty() *Config { return &Config{domains: map[string]*Domain{}} }

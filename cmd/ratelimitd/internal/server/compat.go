@@ -1,6 +1,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -35,4 +37,29 @@ func (s *Server) healthcheck(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	io.WriteString(w, "OK")
+}
+
+// initialConfig reads the configuration files, or, from xDS, nothing (the
+// first update comes once serving) but with ForceStart no rules at all.
+func (s *Server) initialConfig() (*config.Config, []config.Source, error) {
+	if s.opts.XDS.Server != "" {
+		if len(s.opts.ConfigPaths) > 0 {
+			return nil, nil, errors.New("configuration: from xDS or from files, not both")
+		}
+		if s.opts.XDS.ForceStart {
+			return config.Empty(), nil, nil
+		}
+		return nil, nil, nil
+	}
+	srcs, err := config.ReadSources(s.opts.ConfigPaths)
+	if err != nil {
+		return nil, nil, fmt.Errorf("configuration: %w", err)
+	}
+	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("configuration:\n%w", err)
+	}
+	s.warnings(cfg)
+	s.lastHash = hashSources(srcs)
+	return cfg, srcs, nil
 }

@@ -102,7 +102,7 @@ type Server struct {
 // A configuration error is returned as is (every *config.Error in it names
 // the file, line and field).
 func New(opts Options) (srv *Server, err error) {
-	if len(opts.ConfigPaths) == 0 {
+	if len(opts.ConfigPaths) == 0 && opts.XDS.Server == "" {
 		return nil, errors.New("no configuration: give --config FILE (or a directory)")
 	}
 	if opts.GRPCAddr == "" {
@@ -129,16 +129,10 @@ func New(opts Options) (srv *Server, err error) {
 			s.closeAll()
 		}
 	}()
-	srcs, err := config.ReadSources(opts.ConfigPaths)
+	cfg, srcs, err := s.initialConfig()
 	if err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
+		return nil, err
 	}
-	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
-	if err != nil {
-		return nil, fmt.Errorf("configuration:\n%w", err)
-	}
-	s.warnings(cfg)
-	s.lastHash = hashSources(srcs)
 	if err := s.connect(); err != nil {
 		return nil, err
 	}
@@ -150,11 +144,13 @@ func New(opts Options) (srv *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.svc.Apply(cfg); err != nil {
-		return nil, err
+	if cfg != nil {
+		if err := s.svc.Apply(cfg); err != nil {
+			return nil, err
+		}
+		s.svc.ReloadResult(nil)
+		s.log.Info("configuration loaded", "domains", cfg.Domains(), "rules", len(cfg.Rules), "files", names(srcs))
 	}
-	s.svc.ReloadResult(nil)
-	s.log.Info("configuration loaded", "domains", cfg.Domains(), "rules", len(cfg.Rules), "files", names(srcs))
 	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc listener: %w", err)
 	}
@@ -230,7 +226,12 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	if s.opts.WatchInterval > 0 {
+	if s.opts.XDS.Server != "" {
+		g.Go(func() error {
+			s.watchXDS(gctx)
+			return nil
+		})
+	} else if s.opts.WatchInterval > 0 {
 		g.Go(func() error {
 			s.watch(gctx)
 			return nil
