@@ -6,6 +6,9 @@ import (
 	"io"
 	"net/http"
 
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
 )
 
@@ -25,6 +28,20 @@ func (s *Server) parseOptions() config.Options {
 func (s *Server) warnings(cfg *config.Config) {
 	for _, w := range cfg.Warnings {
 		s.log.Warn("configuration warning (--strict-config refuses what envoyproxy/ratelimit reads silently)", "at", w.Error())
+	}
+}
+
+// setServing sets the gRPC health of the service (the overall status "",
+// envoy.service.ratelimit.v3.RateLimitService and PeerHealthService) to
+// SERVING once rules are in force (from the start, but with xDS before its
+// first update), NOT_SERVING before. A shutdown turns it off for good.
+func (s *Server) setServing() {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if s.svc.Loaded() {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{"", pb.RateLimitService_ServiceDesc.ServiceName, PeerHealthService} {
+		s.health.SetServingStatus(name, st)
 	}
 }
 

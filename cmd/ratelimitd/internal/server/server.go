@@ -209,9 +209,7 @@ func (s *Server) Service() *service.Service { return s.svc }
 // DrainTimeout), and every limiter is closed, giving its leases back.
 // It returns nil after a shutdown asked by ctx.
 func (s *Server) Run(ctx context.Context) error {
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(PeerHealthService, healthpb.HealthCheckResponse_SERVING)
+	s.setServing()
 	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

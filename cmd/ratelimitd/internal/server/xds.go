@@ -170,6 +170,7 @@ func (s *Server) applyXDS(res []*anypb.Any) error {
 	}
 	s.lastErr = ""
 	s.svc.ReloadResult(nil)
+	s.setServing()
 	s.log.Info("configuration received from xDS", "domains", cfg.Domains(), "rules", len(cfg.Rules), "resources", names(srcs))
 	return nil
 }

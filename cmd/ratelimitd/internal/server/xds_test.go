@@ -14,6 +14,9 @@ import (
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	grpccodes "google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
@@ -93,6 +96,22 @@ func TestXDSConfig(t *testing.T) {
 	if code, _ := httpGet(t, d, "/healthcheck"); code != 500 {
 		t.Fatalf("/healthcheck before the first xDS update: %d", code)
 	}
+	health := func() healthpb.HealthCheckResponse_ServingStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := healthpb.NewHealthClient(d.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		must(t, err)
+		return r.Status
+	}
+	if st := health(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("gRPC health before the first xDS update: %v", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_, err := d.rls.ShouldRateLimit(ctx, rq("xds", desc("k", "v")))
+	cancel()
+	if status.Code(err) != grpccodes.Unavailable {
+		t.Fatalf("a decision before the first xDS update: %v", err)
+	}
 	cp.set(t, "rl-node", "1", xdsRule("xds", "k", 2, rlsconf.RateLimitUnit_MINUTE))
 	limitIs := func(n uint32) func() bool {
 		return func() bool {
@@ -103,7 +122,7 @@ func TestXDSConfig(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, "the first xDS configuration", limitIs(2))
-	if code, body := httpGet(t, d, "/healthcheck"); code != 200 || body != "OK" {
+	if code, body := httpGet(t, d, "/healthcheck"); code != 200 || body != "OK" || health() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("/healthcheck once configured: %d %q", code, body)
 	}
 	r := d.call(t, rq("xds", desc("free", "x"), desc("outer", "v", "inner", "y")))
