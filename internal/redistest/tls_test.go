@@ -1,9 +1,11 @@
 package redistest_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/hybridlimit/ratelimit/internal/redistest"
@@ -35,5 +37,19 @@ func TestStandaloneTLS(t *testing.T) {
 	}
 	if err := srv.PingTLS(&tls.Config{Certificates: []tls.Certificate{kp}}); err == nil {
 		t.Fatal("a client that does not trust the CA got in")
+	}
+}
+
+// TestStandaloneWithPassword: a server started with --requirepass is ready
+// when it answers, asking for the password.
+func TestStandaloneWithPassword(t *testing.T) {
+	srv := redistest.Standalone(t, "--requirepass", "s3cret")
+	c := srv.Client()
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOAUTH") {
+		t.Fatalf("a PING without the password: %v", err)
+	}
+	if err := c.Do(context.Background(), "AUTH", "s3cret").Err(); err != nil {
+		t.Fatal(err)
 	}
 }
