@@ -340,3 +340,28 @@ func TestPeerCache(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerJSONHandler is the peer's TestJsonHandler against /json: a
+// missing or broken body and a request the service refuses are 400; OK is
+// 200, OVER_LIMIT 429, with the response as JSON.
+func TestPeerJSONHandler(t *testing.T) {
+	rs := redistest.Standalone(t)
+	d := start(t, rs.Addr(), configDir(t, map[string]string{"c.yaml": "domain: foo\ndescriptors: [{key: k, rate_limit: {unit: minute, requests_per_unit: 1}}]\n"}),
+		func(o *server.Options) { o.Prefix = uniq("json") })
+	v := uniq("v")
+	for _, c := range []struct {
+		body, frag string
+		code       int
+	}{
+		{"", `"error"`, 400},
+		{"}", `"error"`, 400},
+		{`{"domain": "foo"}`, `"error"`, 400},
+		{`{"domain": "foo", "descriptors": [{"entries": [{"key": "k", "value": "` + v + `"}]}]}`, `{"overallCode":"OK"`, 200},
+		{`{"domain": "foo", "descriptors": [{"entries": [{"key": "k", "value": "` + v + `"}]}]}`, `{"overallCode":"OVER_LIMIT"`, 429},
+	} {
+		code, body, hdr := httpPost(t, d, "/json", c.body)
+		if code != c.code || !strings.Contains(body, c.frag) || hdr.Get("Content-Type") != "application/json" {
+			t.Errorf("%q: %d %s %s, want %d %s", c.body, code, hdr.Get("Content-Type"), body, c.code, c.frag)
+		}
+	}
+}

@@ -147,6 +147,9 @@ func TestGRPCServerTLS(t *testing.T) {
 	// A renewed certificate, from another CA, is served without a restart;
 	// a broken file keeps the one served.
 	ca2 := redistest.NewCA(t, "rls2")
+	if err := call(pool(t, ca2.Cert), good, goodKey); err == nil {
+		t.Fatal("WithNewCertFail: a client trusting only the next CA got in before the renewal")
+	}
 	install(ca2)
 	deadline := time.Now().Add(5 * time.Second)
 	for call(pool(t, ca2.Cert), good, goodKey) != nil {
@@ -154,6 +157,9 @@ func TestGRPCServerTLS(t *testing.T) {
 			t.Fatal("the renewed certificate was not served")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if err := call(pool(t, ca.Cert), good, goodKey); err == nil {
+		t.Fatal("WithInitialCertFail: the replaced certificate is still served")
 	}
 	writeFile(t, certFile, "not a certificate")
 	time.Sleep(50 * time.Millisecond)

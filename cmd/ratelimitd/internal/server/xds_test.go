@@ -172,3 +172,52 @@ func TestXDSForceStart(t *testing.T) {
 		return err == nil && r.Statuses[0].CurrentLimit.GetRequestsPerUnit() == 1
 	})
 }
+
+// TestPeerXDSProvider: the peer's xDS provider cases: an initial
+// configuration, an update, several domains, deeper limits, and one domain
+// in two resources (refused, NACKed, unless MERGE_DOMAIN_CONFIG).
+func TestPeerXDSProvider(t *testing.T) {
+	rs := redistest.Standalone(t)
+	for _, merge := range []bool{false, true} {
+		cp := startControlPlane(t)
+		d := start(t, rs.Addr(), "", func(o *server.Options) {
+			o.ConfigPaths, o.Prefix, o.MergeDomains = nil, uniq("pxds"), merge
+			o.XDS = server.XDSOptions{Server: cp.addr, NodeID: "n", RetryInterval: 50 * time.Millisecond}
+		})
+		limit := func(domain string, kv ...string) uint32 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			r, err := d.rls.ShouldRateLimit(ctx, rq(domain, desc(kv...)))
+			if err != nil {
+				return 0
+			}
+			return r.Statuses[0].CurrentLimit.GetRequestsPerUnit()
+		}
+		deeper := &rlsconf.RateLimitConfig{Name: "foo", Domain: "foo", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "k1", Value: "v1", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 10},
+				Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "k2"}, {Key: "k2", Value: "v2", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_HOUR, RequestsPerUnit: 15}}}},
+			{Key: "j1", Value: "v2", Descriptors: []*rlsconf.RateLimitDescriptor{{Key: "j2"}, {Key: "j2", Value: "v2", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_DAY, RequestsPerUnit: 15}}}},
+		}}
+		bar := &rlsconf.RateLimitConfig{Name: "bar", Domain: "bar", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "k1", Value: "v1", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 100}}}}
+		cp.set(t, "n", "1", deeper, bar)
+		eventually(t, 10*time.Second, "the deeper limits", func() bool { return limit("foo", "k1", "v1", "k2", "v2") == 15 })
+		if limit("foo", "k1", "v1") != 10 || limit("foo", "j1", "v2", "j2", "v2") != 15 || limit("bar", "k1", "v1") != 100 || limit("foo", "k1", "v1", "k2", "x") != 0 {
+			t.Fatal("limits of the deeper configuration")
+		}
+		other := &rlsconf.RateLimitConfig{Name: "foo-2", Domain: "foo", Descriptors: []*rlsconf.RateLimitDescriptor{
+			{Key: "k3", RateLimit: &rlsconf.RateLimitPolicy{Unit: rlsconf.RateLimitUnit_MINUTE, RequestsPerUnit: 7}}}}
+		cp.set(t, "n", "2", deeper, other)
+		if merge {
+			eventually(t, 10*time.Second, "the merged domain", func() bool { return limit("foo", "k3", "x") == 7 })
+			if limit("foo", "k1", "v1") != 10 {
+				t.Fatal("merging lost the first resource's limits")
+			}
+			continue
+		}
+		eventually(t, 10*time.Second, "a NACK of one domain in two resources", func() bool { return cp.nacked() > 0 })
+		if limit("bar", "k1", "v1") != 100 || limit("foo", "k3", "x") != 0 {
+			t.Fatal("a NACKed update changed the rules in force")
+		}
+	}
+}
