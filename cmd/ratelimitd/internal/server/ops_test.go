@@ -134,8 +134,6 @@ func TestMetrics(t *testing.T) {
 			{"ratelimit_decisions_total", []string{"domain", "ops", "rule", "small", "result", "over_limit"}, 1},
 			{"ratelimit_decisions_total", []string{"domain", "ops", "rule", "shadow", "result", "ok"}, 1},
 			{"ratelimit_decisions_total", []string{"domain", "ops", "rule", "shadow", "result", "shadow_over_limit"}, 2},
-			{"ratelimit_decisions_total", []string{"domain", "ops", "rule", "free", "result", "unlimited"}, 0}, // not counted, as upstream
-			{"ratelimit_hits_total", []string{"domain", "ops", "rule", "free"}, 0},
 			{"ratelimit_domain_not_found_total", nil, 1},
 			{"ratelimit_decisions_total", []string{"domain", "ops", "rule", "exact", "result", "ok"}, 1},
 			{"ratelimit_hits_total", []string{"domain", "ops", "rule", "exact"}, 5},
@@ -156,6 +154,15 @@ func TestMetrics(t *testing.T) {
 			got, found := metric(fams, c.name, c.labels...)
 			s.expect(c.name+" "+strings.Join(c.labels, ","), got, c.want)
 			s.expect(c.name+" present", found, true)
+		}
+		// unlimited descriptors are neither counted nor measured, as upstream
+		for _, labels := range [][]string{{"domain", "ops", "rule", "free", "result", "unlimited"}, {"domain", "ops", "rule", "free", "result", "ok"}} {
+			if _, found := metric(fams, "ratelimit_decisions_total", labels...); found {
+				s.Errorf("an unlimited rule measured: %v", labels)
+			}
+		}
+		if _, found := metric(fams, "ratelimit_hits_total", "domain", "ops", "rule", "free"); found {
+			s.Errorf("the hits of an unlimited rule measured")
 		}
 		trips, _ := metric(fams, "ratelimit_redis_round_trips_total")
 		s.expect("round trips counted", trips >= 1, true)

@@ -184,7 +184,9 @@ func (s *Service) settle(ctx context.Context, domain string, items []item, envoy
 	over := false
 	for i := range items {
 		it := &items[i]
-		if r := it.rule(); r != nil && !r.Unlimited && it.status == nil && !it.envoy && !it.check && it.err == nil && !it.dec.Allowed {
+		// A descriptor over the limit, a check included (the peer's GET
+		// finds it past the limit too), stops the others' counting.
+		if r := it.rule(); r != nil && !r.Unlimited && it.status == nil && !it.envoy && it.err == nil && !it.dec.Allowed {
 			over = true
 		}
 	}
