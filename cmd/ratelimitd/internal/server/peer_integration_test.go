@@ -437,6 +437,9 @@ func multiserviceTokenQuota(t *testing.T, d *daemon, n int) string {
 			continue
 		}
 		svc := r.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue()
+		if svc == "" {
+			t.Fatalf("request %d passed without the metadata of a service: %v", i, r.DynamicMetadata)
+		}
 		out += svc[len(svc)-1:]
 		d.call(t, &pb.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{withHits(desc("service", svc), 1)}})
 	}
