@@ -133,7 +133,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		o.WatchInterval = -1
 	}
 	o.ConfigPaths, o.RedisAddrs, o.Logger = configs, redisAddrs, log
-	if err := compat.finish(&o); err != nil {
+	if err := compat.finish(fs, &o); err != nil {
 		return err
 	}
 	srv, err := server.New(o)

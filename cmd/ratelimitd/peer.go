@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
 )
 
@@ -64,11 +65,20 @@ func registerCompat(fs *flag.FlagSet, o *server.Options) *compatFlags {
 }
 
 // finish checks and applies what the flags of the peer's settings say.
-func (c *compatFlags) finish(o *server.Options) error {
+// --key-layout envoy makes exact the mode of rules that name none, unless
+// --mode (or RATELIMITD_MODE) says otherwise: the peer's files name no
+// mode, and only exact rules share the peer's counts.
+func (c *compatFlags) finish(fs *flag.FlagSet, o *server.Options) error {
 	switch c.keyLayout {
 	case "ratelimitd":
 	case "envoy":
 		o.Compat.EnvoyKeys = true
+		modeSet := false
+		fs.Visit(func(f *flag.Flag) { modeSet = modeSet || f.Name == "mode" })
+		if !modeSet {
+			o.Defaults.Mode = config.Exact
+			o.Logger.Info("--key-layout envoy: rules that name no mode are exact, counted in envoyproxy/ratelimit's keys")
+		}
 	default:
 		return fmt.Errorf("--key-layout %q: want ratelimitd or envoy", c.keyLayout)
 	}

@@ -148,3 +148,48 @@ func TestPeerEnvironmentRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyLayoutEnvoyMakesExact: with --key-layout envoy the peer's files,
+// which name no mode, count in the peer's keys without --mode exact.
+func TestKeyLayoutEnvoyMakesExact(t *testing.T) {
+	redis := redistest.Standalone(t)
+	grpcAddr := freeAddr(t)
+	logs := &syncBuf{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--config", writeConfig(t, goodConfig), "--redis", redis.Addr(), "--grpc", grpcAddr,
+			"--http", "127.0.0.1:0", "--key-layout", "envoy", "--cache-key-prefix", "mig_"}, logs)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(rctx, req)
+		rcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no answer: %v\n%s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c := redis.Client()
+	defer c.Close()
+	keys, err := c.Keys(context.Background(), "mig_d_k_v_*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("the peer's key: %v %v", keys, err)
+	}
+}
