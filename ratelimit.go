@@ -81,6 +81,29 @@ func (l Limit) Validate() error {
 	return nil
 }
 
+// ValidateFor reports whether l can be enforced with algorithm a. It is
+// Validate, but for FixedWindow, which counts whole events against Rate and
+// never multiplies Rate or Burst by Period: a FixedWindow limit needs only
+// Rate at most 2^53 (and ignores Burst beyond its sign), so that, for
+// example, 4,294,967,295 per year is valid for it. The other algorithms
+// weigh events in microseconds of the period and keep Validate's bounds.
+// The local and global limiters check their limit with it; the hybrid
+// limiter, and every multi-limit limiter, with Validate.
+func (l Limit) ValidateFor(a Algorithm) error {
+	if a != FixedWindow {
+		return l.Validate()
+	}
+	small := l
+	small.Rate, small.Burst = min(l.Rate, 1), min(l.Burst, 0)
+	if err := small.Validate(); err != nil {
+		return err
+	}
+	if l.Rate > maxExact {
+		return fmt.Errorf("%w: Rate %d is above 2^53", ErrInvalidLimit, l.Rate)
+	}
+	return nil
+}
+
 func mul64(a, b uint64) (hi, lo uint64) {
 	if a == 0 || b == 0 {
 		return 0, 0

@@ -20,6 +20,22 @@ func TestLimitValidate(t *testing.T) {
 	} {
 		require.ErrorIs(t, l.Validate(), ratelimit.ErrInvalidLimit, "%+v", l)
 	}
+	// A FixedWindow needs no Rate x Period product: any Rate up to 2^53.
+	year := 365 * 24 * time.Hour
+	for _, l := range []ratelimit.Limit{{Rate: 1<<32 - 1, Period: year}, {Rate: 1 << 40, Period: time.Hour}, {Rate: 1 << 53, Period: time.Millisecond, Burst: 1 << 40}} {
+		require.ErrorIs(t, l.Validate(), ratelimit.ErrInvalidLimit, "%+v", l)
+		require.NoError(t, l.ValidateFor(ratelimit.FixedWindow), "%+v", l)
+		for _, a := range ratelimit.Algorithms()[1:] {
+			require.ErrorIs(t, l.ValidateFor(a), ratelimit.ErrInvalidLimit, "%+v %v", l, a)
+		}
+	}
+	for _, l := range []ratelimit.Limit{
+		{}, {Rate: -1, Period: time.Second}, {Rate: 1, Period: time.Microsecond * 999}, {Rate: 1 << 40, Period: time.Millisecond + time.Nanosecond},
+		{Rate: 1, Period: time.Second, Burst: -1}, {Rate: 1<<53 + 1, Period: time.Second},
+	} {
+		require.ErrorIs(t, l.ValidateFor(ratelimit.FixedWindow), ratelimit.ErrInvalidLimit, "%+v", l)
+	}
+	require.NoError(t, ratelimit.PerHour(2_500_000).ValidateFor(ratelimit.GCRA))
 	require.Equal(t, "100/1m0s burst 20", ratelimit.Limit{Rate: 100, Period: time.Minute, Burst: 20}.String())
 	for _, a := range ratelimit.Algorithms() {
 		require.Equal(t, 100, ratelimit.PerMinute(100).Capacity(a), "%v", a)

@@ -76,7 +76,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 // New returns a Limiter that enforces limit per key through client.
 //
 // It returns an error wrapping ratelimit.ErrInvalidLimit when limit does not
-// pass Limit.Validate, or, for GCRA, when Period in microseconds is below
+// pass Limit.ValidateFor its algorithm, or, for GCRA, when Period in microseconds is below
 // Rate (the emission interval would be zero); ratelimit.ErrInvalidAlgorithm
 // for an unknown algorithm; and ratelimit.ErrInvalidOption for a nil client
 // or an option out of range. New does not talk to Redis.
@@ -93,7 +93,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 			return nil, fmt.Errorf("%w: %v", ratelimit.ErrInvalidAlgorithm, c.alg)
 		}
 	}
-	if err := limit.Validate(); err != nil {
+	if err := limit.ValidateFor(c.alg); err != nil {
 		return nil, err
 	}
 	p := int64(limit.Period / time.Microsecond)

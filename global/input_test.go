@@ -2,6 +2,7 @@ package global_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,8 @@ func TestNewRejectsBadInput(t *testing.T) {
 		{"negative rate", c, ratelimit.Limit{Rate: -1, Period: time.Second}, nil, ratelimit.ErrInvalidLimit},
 		{"negative burst", c, ratelimit.Limit{Rate: 1, Period: time.Second, Burst: -1}, nil, ratelimit.ErrInvalidLimit},
 		{"short period", c, ratelimit.Limit{Rate: 1, Period: time.Microsecond}, nil, ratelimit.ErrInvalidLimit},
-		{"too large", c, ratelimit.Limit{Rate: 1 << 40, Period: time.Hour}, nil, ratelimit.ErrInvalidLimit},
+		{"too large", c, ratelimit.Limit{Rate: 1 << 40, Period: time.Hour}, []global.Option{global.WithAlgorithm(ratelimit.SlidingWindow)}, ratelimit.ErrInvalidLimit},
+		{"fixed window rate above 2^53", c, ratelimit.Limit{Rate: 1<<53 + 1, Period: time.Second}, nil, ratelimit.ErrInvalidLimit},
 		{"burst too large", c, ratelimit.Limit{Rate: 1, Period: time.Hour, Burst: 1 << 40}, []global.Option{global.WithAlgorithm(ratelimit.TokenBucket)}, ratelimit.ErrInvalidLimit},
 		{"GCRA rate above period us", c, ratelimit.Limit{Rate: 1001, Period: time.Millisecond}, []global.Option{global.WithAlgorithm(ratelimit.GCRA)}, ratelimit.ErrInvalidLimit},
 		{"nil client", nil, ok, nil, ratelimit.ErrInvalidOption},
@@ -249,5 +251,40 @@ func TestLimitsNeverShareByMistake(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, d.Allowed, "a limiter of the same limit shares the free tier's state")
 		})
+	}
+}
+
+// TestFixedWindowBeyondMicrosecondProducts: a FixedWindow counts whole
+// events against Rate and never weighs them in microseconds, so Rate x
+// Period may pass 2^53 (1,000,000 a day; 4,294,967,295 a year, the most a
+// uint32 limit holds) and is still counted exactly in Redis.
+func TestFixedWindowBeyondMicrosecondProducts(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	for i, limit := range []ratelimit.Limit{{Rate: 1_000_000, Period: 24 * time.Hour}, {Rate: 1<<32 - 1, Period: 365 * 24 * time.Hour}} {
+		require.ErrorIs(t, limit.Validate(), ratelimit.ErrInvalidLimit, "beyond what the other algorithms take")
+		_, err := global.New(c, limit, global.WithAlgorithm(ratelimit.SlidingWindow))
+		require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
+		l, err := global.New(c, limit, global.WithPrefix("big"+strconv.Itoa(i)))
+		require.NoError(t, err, "%v", limit)
+		d, err := l.AllowN(ctx, "k", limit.Rate-1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, 1, d.Remaining)
+		d, err = l.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "two more than the one left")
+		require.Equal(t, 1, d.Remaining)
+		require.Positive(t, d.RetryAfter)
+		require.LessOrEqual(t, d.RetryAfter, limit.Period)
+		d, err = l.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Zero(t, d.Remaining)
+		r, err := l.Reserve(ctx, "k", 1)
+		require.NoError(t, err)
+		require.False(t, r.OK(), "the window is full")
 	}
 }

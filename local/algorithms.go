@@ -26,8 +26,9 @@ type state struct {
 }
 
 // maxExact is 2^53, the bound of the integers every implementation (Redis'
-// Lua doubles included) computes exactly; Limit.Validate keeps Rate x
-// Period and Burst x Period within it, and overdrafts saturate at it.
+// Lua doubles included) computes exactly; Limit.ValidateFor keeps Rate x
+// Period and Burst x Period within it (but for FixedWindow, which needs no
+// such product), and overdrafts saturate at it.
 const maxExact = 1 << 53
 
 // algo is one Limit counted with one Algorithm: the constants a decision
@@ -43,13 +44,15 @@ type algo struct {
 }
 
 func newAlgo(limit ratelimit.Limit, alg ratelimit.Algorithm) (algo, error) {
-	if err := limit.Validate(); err != nil {
+	if err := limit.ValidateFor(alg); err != nil {
 		return algo{}, err
 	}
 	p := int64(limit.Period / time.Microsecond)
 	a := algo{limit: limit, alg: alg, p: p, r: int64(limit.Rate), b: int64(limit.Capacity(alg)), maxN: limit.Capacity(alg)}
-	a.c = a.b * p
-	a.fullAfter = ceilDiv(a.c, a.r)
+	if alg == ratelimit.TokenBucket { // b x p may exceed 2^63 for a FixedWindow (ValidateFor)
+		a.c = a.b * p
+		a.fullAfter = ceilDiv(a.c, a.r)
+	}
 	if alg == ratelimit.GCRA {
 		if p < a.r {
 			return algo{}, fmt.Errorf("%w: GCRA needs Period >= Rate microseconds (emission interval Period/Rate >= 1µs), got %v", ratelimit.ErrInvalidLimit, limit)

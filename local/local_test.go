@@ -238,7 +238,9 @@ func TestNewErrors(t *testing.T) {
 		{"negative rate", ratelimit.Limit{Rate: -1, Period: time.Second}, nil, ratelimit.ErrInvalidLimit},
 		{"short period", ratelimit.Limit{Rate: 1, Period: time.Microsecond}, nil, ratelimit.ErrInvalidLimit},
 		{"negative burst", ratelimit.Limit{Rate: 1, Period: time.Second, Burst: -1}, nil, ratelimit.ErrInvalidLimit},
-		{"too large", ratelimit.Limit{Rate: 1 << 40, Period: time.Hour}, nil, ratelimit.ErrInvalidLimit},
+		{"too large", ratelimit.Limit{Rate: 1 << 40, Period: time.Hour},
+			[]local.Option{local.WithAlgorithm(ratelimit.SlidingWindow)}, ratelimit.ErrInvalidLimit},
+		{"fixed window rate above 2^53", ratelimit.Limit{Rate: 1<<53 + 1, Period: time.Second}, nil, ratelimit.ErrInvalidLimit},
 		{"gcra period below rate", ratelimit.Limit{Rate: 2000, Period: time.Millisecond},
 			[]local.Option{local.WithAlgorithm(ratelimit.GCRA)}, ratelimit.ErrInvalidLimit},
 		{"unknown algorithm", ratelimit.PerSecond(1), []local.Option{local.WithAlgorithm(ratelimit.Algorithm(42))}, ratelimit.ErrInvalidAlgorithm},
@@ -257,6 +259,34 @@ func TestNewErrors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = local.New(ratelimit.Limit{Rate: 1000, Period: time.Millisecond}, local.WithAlgorithm(ratelimit.GCRA))
 	require.NoError(t, err)
+}
+
+// TestFixedWindowBeyondMicrosecondProducts: a FixedWindow never weighs
+// events in microseconds, so Rate x Period may pass 2^53 (4,294,967,295 a
+// year, 1,000,000 a day) and is still counted exactly.
+func TestFixedWindowBeyondMicrosecondProducts(t *testing.T) {
+	year := 365 * 24 * time.Hour
+	now := time.Unix(1_700_000_000, 0)
+	for _, limit := range []ratelimit.Limit{{Rate: 1<<32 - 1, Period: year}, {Rate: 1_000_000, Period: 24 * time.Hour}} {
+		require.ErrorIs(t, limit.Validate(), ratelimit.ErrInvalidLimit, "beyond what the other algorithms take")
+		lim, err := local.New(limit, local.WithClock(func() time.Time { return now }))
+		require.NoError(t, err, "%v", limit)
+		ctx := context.Background()
+		d, err := lim.AllowN(ctx, "k", limit.Rate-1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, 1, d.Remaining)
+		d, err = lim.AllowN(ctx, "k", 2)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "two more than the one left")
+		require.Equal(t, 1, d.Remaining)
+		d, err = lim.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Zero(t, d.Remaining)
+		require.Positive(t, d.ResetAfter)
+		require.LessOrEqual(t, d.ResetAfter, limit.Period)
+	}
 }
 
 func TestAllowNErrors(t *testing.T) {

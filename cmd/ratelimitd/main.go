@@ -94,6 +94,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.WatchInterval, "watch-interval", server.DefaultWatchInterval, "how often the configuration files are checked for changes (negative: never)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", server.DefaultDrainTimeout, "at shutdown, how long calls in flight may take to finish")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	compat := registerCompat(fs, &o) // envoyproxy/ratelimit's settings (peer.go)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -103,12 +104,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := fromEnv(fs); err != nil {
 		return err
 	}
+	peerNotes, err := fromPeerEnv(fs)
+	if err != nil {
+		return err
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	var err error
+	peerNotes(log)
 	if o.Defaults.Mode, err = config.ParseMode(mode); err != nil {
 		return fmt.Errorf("--mode: %w", err)
 	}
@@ -128,6 +133,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		o.WatchInterval = -1
 	}
 	o.ConfigPaths, o.RedisAddrs, o.Logger = configs, redisAddrs, log
+	if err := compat.finish(fs, &o); err != nil {
+		return err
+	}
 	srv, err := server.New(o)
 	if err != nil {
 		return err

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/hybridlimit/ratelimit"
 )
 
@@ -188,6 +190,11 @@ type Rule struct {
 	Algorithm   ratelimit.Algorithm
 	FailureMode ratelimit.FailureMode
 
+	// Metadata is the descriptor's metadata mapping (nil when none): with
+	// response dynamic metadata on, a request's descriptors that pass
+	// return theirs, as envoyproxy/ratelimit does.
+	Metadata *structpb.Struct
+
 	// Limits, for a rate_limits list of two or more limits, holds each of
 	// them in file order, decided together, all or nothing, by one limiter
 	// in Mode with FailureMode; Name, RequestsPerUnit, Unit and Algorithm
@@ -195,6 +202,8 @@ type Rule struct {
 	// nil for a rate_limit block (and a list of one limit, which is read as
 	// that block).
 	Limits []RuleLimit
+
+	inList bool // an item of a rate_limits list, while it is parsed
 }
 
 // RuleLimit is one limit of a rate_limits list: RequestsPerUnit (at least
@@ -249,8 +258,13 @@ func (r *Rule) Named(name string) bool {
 // Config is a set of domains read from one or more files.
 type Config struct {
 	// Rules lists every rate_limit block, in file order; Rule.ID indexes it.
-	Rules   []*Rule
-	domains map[string]*Domain
+	Rules []*Rule
+	// Warnings are what was read with envoyproxy/ratelimit's silent meaning
+	// (see Options.Strict) or changed to be enforced (a fixed-window limit
+	// too large for the hybrid limiter is counted in mode exact), each
+	// naming the file, the line and the field.
+	Warnings []*Error
+	domains  map[string]*Domain
 }
 
 // Domain returns the named domain, or nil.

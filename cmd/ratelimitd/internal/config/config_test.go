@@ -338,10 +338,11 @@ func TestErrors(t *testing.T) {
 		{"repeated field", "domain: x\ndomain: y\n", "f.yaml:2: domain: repeated field (first on line 1)"},
 		{"bad unit", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n", `f.yaml:4: unit: unknown unit "fortnight"`},
 		{"missing unit", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {requests_per_unit: 1}\n", "f.yaml:4: unit: missing"},
-		{"missing rpu", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n", "f.yaml:4: requests_per_unit: missing"},
+		{"missing rpu, strict", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second}\n", "f.yaml:4: requests_per_unit: missing: read as 0"},
 		{"negative rpu", "domain: x\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: -1\n", "f.yaml:6: requests_per_unit: want a whole number"},
 		{"rpu text", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: many}\n", "f.yaml:4: requests_per_unit: want a whole number"},
-		{"rpu too large", "domain: x\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 1000000000\n", "f.yaml:6: requests_per_unit: 1000000000 per day cannot be enforced"},
+		{"rpu too large for a bucket", "domain: x\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 1000000000\n      algorithm: token_bucket\n", "f.yaml:6: requests_per_unit: 1000000000 per day cannot be enforced"},
+		{"rpu too large in a list", "domain: x\ndescriptors:\n  - key: a\n    rate_limits:\n      - unit: day\n        requests_per_unit: 1000000000\n      - {unit: second, requests_per_unit: 5}\n", "f.yaml:6: requests_per_unit: 1000000000 per day cannot be enforced"},
 		{"unlimited with unit", "domain: x\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n", "f.yaml:6: unit: an unlimited rule takes no unit"},
 		{"bool not bool", "domain: x\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n", "f.yaml:4: shadow_mode: want true or false"},
 		{"replaces self", "domain: x\ndescriptors:\n  - key: a\n    rate_limit:\n      name: me\n      replaces: [{name: me}]\n      unit: second\n      requests_per_unit: 1\n", `f.yaml:6: replaces: a rule cannot replace itself (name "me")`},
@@ -353,12 +354,19 @@ func TestErrors(t *testing.T) {
 		{"gcra too fast, strict", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 		{"bad failure mode", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, failure_mode: maybe}\n", `f.yaml:4: failure_mode: unknown failure mode "maybe"`},
 		{"metadata not a map", "domain: x\ndescriptors:\n  - key: a\n    metadata: [1]\n", "f.yaml:4: metadata: want a mapping"},
-		{"two documents", "domain: x\n---\ndomain: y\n", "f.yaml:2: a second YAML document"},
+		{"two documents, strict", "domain: x\n---\ndomain: y\n", "f.yaml:2: a second YAML document is ignored"},
+		{"a field in the wrong block, strict", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, shadow_mode: true}\n", "f.yaml:4: shadow_mode: unknown field"},
+		{"an extension in the wrong block", "domain: x\ndescriptors:\n  - key: a\n    mode: exact\n", "f.yaml:4: mode: unknown field"},
 		{"non-string field name", "domain: x\ndescriptors:\n  - {[a]: b, key: c}\n", "f.yaml:3: a field name must be a string"},
 		{"gcra too fast", "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 2000000, mode: exact, algorithm: gcra}\n", "f.yaml:4: requests_per_unit: gcra needs at most one request per microsecond"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) { requireParseError(t, tc.src, tc.want) })
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.HasSuffix(tc.name, ", strict") {
+				requireParseError(t, tc.src, tc.want)
+			}
+			requireParseErrorWith(t, config.Options{Strict: true}, tc.src, tc.want)
+		})
 	}
 }
 
@@ -366,7 +374,12 @@ func TestErrors(t *testing.T) {
 // *config.Error naming the file, whose text holds want.
 func requireParseError(t *testing.T, src, want string) {
 	t.Helper()
-	_, err := config.Parse(config.Defaults{}, config.Source{Name: "f.yaml", Data: []byte(src)})
+	requireParseErrorWith(t, config.Options{}, src, want)
+}
+
+func requireParseErrorWith(t *testing.T, o config.Options, src, want string) {
+	t.Helper()
+	_, err := config.ParseWith(o, config.Source{Name: "f.yaml", Data: []byte(src)})
 	if err == nil {
 		t.Fatalf("no error; want %q", want)
 	}

@@ -51,7 +51,12 @@
 //
 // Parse checks everything before anything is used: an unknown field, a value
 // of the wrong type, an unknown unit, a duplicate descriptor or domain, a
-// limit too large to count exactly, all are errors that name the file, the
-// line and the field (see Error). A Config is immutable once made and safe
-// for concurrent use.
+// limit that cannot be counted exactly, all are errors that name the file,
+// the line and the field (see Error). What envoyproxy/ratelimit loads with a
+// silent meaning (a rate_limit without requests_per_unit, a known field in a
+// block that does not take it, a second YAML document) is read with that
+// meaning and listed in Config.Warnings, or refused with Options.Strict; a
+// fixed-window limit too large for the hybrid limiter is counted in mode
+// exact, with a warning. A Config is immutable once made and safe for
+// concurrent use.
 package config

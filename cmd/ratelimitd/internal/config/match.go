@@ -1,6 +1,10 @@
 package config
 
-import "strings"
+import (
+	"strings"
+
+	"google.golang.org/protobuf/types/known/structpb"
+)
 
 // Domain is one domain's tree of descriptors.
 type Domain struct {
@@ -23,6 +27,7 @@ type node struct {
 	parts      []string         // this node's value split at '*', when it is a wildcard
 
 	shadow, quota, detailed, valueToMetric, shareThreshold bool
+	metadata                                               *structpb.Struct // of a descriptor with a rule: Rule.Metadata
 }
 
 func (n *node) init() {

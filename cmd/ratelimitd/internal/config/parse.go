@@ -63,8 +63,16 @@ func set(s ...string) map[string]bool {
 
 // Parse reads the given files, one domain each, into a Config. Rules that do
 // not name an algorithm, mode or failure mode get d's. It returns every error
-// found (up to 20), joined; each is an *Error.
+// found (up to 20), joined; each is an *Error. It is ParseWith with
+// Options{Defaults: d}: what envoyproxy/ratelimit loads with a silent
+// meaning is read with that meaning and listed in Config.Warnings.
 func Parse(d Defaults, srcs ...Source) (*Config, error) {
+	return ParseWith(Options{Defaults: d}, srcs...)
+}
+
+// ParseWith is Parse with the options o (see Options).
+func ParseWith(o Options, srcs ...Source) (*Config, error) {
+	d := o.Defaults
 	if len(srcs) == 0 {
 		return nil, errors.New("no configuration file")
 	}
@@ -77,15 +85,28 @@ func Parse(d Defaults, srcs ...Source) (*Config, error) {
 	c := &Config{domains: map[string]*Domain{}}
 	var errs []error
 	for _, src := range srcs {
-		p := &parser{file: src.Name, defaults: d}
+		p := &parser{file: src.Name, defaults: d, strict: o.Strict}
 		dom := p.file1(src.Data)
 		errs = append(errs, p.errs...)
+		slices.SortStableFunc(p.warns, func(a, b *Error) int { return a.Line - b.Line })
+		c.Warnings = append(c.Warnings, p.warns...)
 		if dom == nil {
 			continue
 		}
 		if prev, ok := c.domains[dom.Name]; ok {
-			errs = append(errs, &Error{File: src.Name, Line: dom.line, Field: "domain",
-				Msg: fmt.Sprintf("domain %q is already defined in %s:%d", dom.Name, prev.File, prev.line)})
+			if !o.MergeDomains {
+				errs = append(errs, &Error{File: src.Name, Line: dom.line, Field: "domain",
+					Msg: fmt.Sprintf("domain %q is already defined in %s:%d (MERGE_DOMAIN_CONFIG, --merge-domain-config, merges them)", dom.Name, prev.File, prev.line)})
+				continue
+			}
+			if err := prev.merge(dom); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, r := range p.rules {
+				r.ID = len(c.Rules)
+				c.Rules = append(c.Rules, r)
+			}
 			continue
 		}
 		c.domains[dom.Name] = dom
@@ -113,6 +134,8 @@ func hybridAlgorithm(a ratelimit.Algorithm) bool {
 type parser struct {
 	file     string
 	defaults Defaults
+	strict   bool     // Options.Strict: warnings are errors
+	warns    []*Error // what was read with envoyproxy/ratelimit's silent meaning
 	errs     []error
 	rules    []*Rule
 	domain   string
@@ -144,11 +167,15 @@ func (p *parser) file1(data []byte) *Domain {
 	}
 	var more yaml.Node
 	if err := dec.Decode(&more); err == nil {
-		p.fail(&more, "", "a second YAML document: put each domain in a file of its own")
-		return nil
+		if !p.warn(&more, "", "a second YAML document is ignored, as envoyproxy/ratelimit ignores it: put each domain in a file of its own") {
+			return nil
+		}
 	} else if !errors.Is(err, io.EOF) {
-		p.yamlError(err)
-		return nil
+		if p.strict {
+			p.yamlError(err)
+			return nil
+		}
+		p.warn(nil, "", "what follows the first YAML document is ignored, as envoyproxy/ratelimit ignores it (it does not parse: %v)", err)
 	}
 	root := deref(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
@@ -203,6 +230,10 @@ func (p *parser) fields(n *yaml.Node, allowed map[string]bool) []field {
 		}
 		name := k.Value
 		if !allowed[name] {
+			if peerFields[name] && !p.strict {
+				p.warn(k, name, "not a field of this block: ignored, as envoyproxy/ratelimit ignores it (fields here: %s)", names(allowed))
+				continue
+			}
 			p.fail(k, name, "unknown field (want one of %s)", names(allowed))
 			continue
 		}
@@ -319,9 +350,7 @@ func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m 
 			d.shareThreshold = p.boolean(f.val, f.name)
 			shareNode = f.key
 		case "metadata":
-			if !isNull(f.val) && f.val.Kind != yaml.MappingNode {
-				p.fail(f.val, "metadata", "want a mapping, got %s", kind(f.val))
-			}
+			d.metadata = p.metadata(f.val)
 		}
 	}
 	if d.shareThreshold && !strings.Contains(d.value, "*") {
@@ -361,6 +390,7 @@ func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m 
 	}
 	if d.rule != nil {
 		d.rule.ValuesInLabel = d.detailed || v2m
+		d.rule.Metadata = d.metadata
 	}
 	p.descriptors(d, children, path, ident, v2m)
 	parent.add(d)
@@ -454,8 +484,10 @@ func (p *parser) checkLimit(r *Rule, at limitNodes) bool {
 	}
 	l := r.Limit()
 	if err := l.Validate(); err != nil {
-		p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
-		return false
+		if !p.largeFixedWindow(r, at) {
+			p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
+			return false
+		}
 	}
 	if r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
 		p.fail(at.rpu, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
@@ -493,7 +525,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 	case at.unit == nil:
 		p.fail(n, "unit", "missing (want second, minute, hour, day, week, month or year)")
 	case at.rpu == nil:
-		p.fail(n, "requests_per_unit", "missing (0 denies every request; unlimited: true allows every request)")
+		p.warn(n, "requests_per_unit", "missing: read as 0, which denies every request, as envoyproxy/ratelimit reads it (write 0 to say so; unlimited: true allows every request)")
 	}
 	if len(p.errs) > before || !p.checkLimit(r, at) {
 		return nil
@@ -526,7 +558,7 @@ func (p *parser) rateLimits(n *yaml.Node, d *node, path, ident string) *Rule {
 			continue
 		}
 		it := &items[i]
-		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line}
+		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line, inList: true}
 		at := p.readLimit(item, it) // unlimited is read, to be refused clearly
 		nodes[i] = at
 		switch {

@@ -24,6 +24,7 @@ func (s *Server) routes() http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/readyz", s.ready)
+	mux.HandleFunc("/healthcheck", s.healthcheck) // envoyproxy/ratelimit's
 	return mux
 }
 

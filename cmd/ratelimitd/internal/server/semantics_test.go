@@ -84,16 +84,17 @@ func TestDescriptorSemantics(t *testing.T) {
 			r := d.call(t, req)
 			s.expect("request hits_addend 10", codes(r)+" "+uitoa(uint64(r.Statuses[0].LimitRemaining)), "OK:OK 90")
 			r = d.call(t, rq("sem", withHits(desc("big", "x"), 0)))
-			s.expect("descriptor hits_addend 0 counts 1", codes(r)+" "+uitoa(uint64(r.Statuses[0].LimitRemaining)), "OK:OK 89")
+			s.expect("descriptor hits_addend 0 checks, counting nothing", codes(r)+" "+uitoa(uint64(r.Statuses[0].LimitRemaining)), "OK:OK 90")
 			req = rq("sem", withHits(desc("big", "x"), 9), desc("big", "y"))
 			req.HitsAddend = 20
 			r = d.call(t, req)
-			s.expect("the descriptor's own hits_addend wins over the request's", uitoa(uint64(r.Statuses[0].LimitRemaining))+" "+uitoa(uint64(r.Statuses[1].LimitRemaining)), "80 80")
+			s.expect("the descriptor's own hits_addend wins over the request's", uitoa(uint64(r.Statuses[0].LimitRemaining))+" "+uitoa(uint64(r.Statuses[1].LimitRemaining)), "81 80")
 			r = d.call(t, rq("sem", withHits(desc("big", "x"), 101)))
 			s.expect("more hits than the limit: over, nothing counted", codes(r)+" "+uitoa(uint64(r.Statuses[0].LimitRemaining)), "OVER_LIMIT:OVER_LIMIT 0")
 			s.expect("its limit", limitOf(r.Statuses[0]), "MINUTE:100")
-			s.expect("then the rest, one by one", codes(drive(t, d, rq("sem", desc("big", "x")), 80)), "OK:OK")
+			s.expect("then the rest, one by one", codes(drive(t, d, rq("sem", desc("big", "x")), 81)), "OK:OK")
 			s.expect("then nothing", codes(d.call(t, rq("sem", desc("big", "x")))), "OVER_LIMIT:OVER_LIMIT")
+			s.expect("a check when nothing is left", codes(d.call(t, rq("sem", withHits(desc("big", "x"), 0)))), "OVER_LIMIT:OVER_LIMIT")
 			// exact mode: a hits_addend of exactly what is left fits
 			r = d.call(t, rq("sem", withHits(desc("exact_fw", "h"), 3)))
 			s.expect("exact: 3 hits of 4", codes(r)+" "+uitoa(uint64(r.Statuses[0].LimitRemaining)), "OK:OK 1")
@@ -220,6 +221,9 @@ func TestDescriptorSemantics(t *testing.T) {
 
 	t.Run("bad requests", func(t *testing.T) {
 		d := start(t, redis.Addr(), dir, nil)
+		if r := d.call(t, rq("nope", desc("a", "x"), desc("b", "y"))); codes(r) != "OK:OK,OK" || r.Statuses[0].CurrentLimit != nil {
+			t.Errorf("unknown domain: %v, want OK with no limit, as envoyproxy/ratelimit answers", r)
+		}
 		neg := desc("a", "x")
 		neg.IsNegativeHits = true
 		for _, c := range []struct {
@@ -227,7 +231,6 @@ func TestDescriptorSemantics(t *testing.T) {
 			req  *pb.RateLimitRequest
 			code grpccodes.Code
 		}{
-			{"unknown domain", rq("nope", desc("a", "x")), grpccodes.NotFound},
 			{"empty domain", rq("", desc("a", "x")), grpccodes.InvalidArgument},
 			{"no descriptor", rq("sem"), grpccodes.InvalidArgument},
 			{"negative hits", rq("sem", neg), grpccodes.InvalidArgument},

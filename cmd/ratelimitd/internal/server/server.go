@@ -44,6 +44,7 @@ type Options struct {
 	// embedded in-process Redis, for one process only.
 	RedisAddrs                   []string
 	RedisMaster                  string
+	RedisCluster                 bool // one address is a Cluster's (REDIS_TYPE=CLUSTER with one URL)
 	RedisUsername, RedisPassword string
 	RedisPoolSize                int
 
@@ -53,6 +54,17 @@ type Options struct {
 	// Defaults are the mode, algorithm and failure mode of rules that do not
 	// name theirs (zero: strict, fixed_window, local).
 	Defaults config.Defaults
+	// StrictConfig refuses what envoyproxy/ratelimit loads with a silent
+	// meaning (config.Options.Strict); MergeDomains lets several files
+	// define one domain (MERGE_DOMAIN_CONFIG).
+	StrictConfig, MergeDomains bool
+	// Compat are the envoyproxy/ratelimit behaviours asked for.
+	Compat service.Compat
+	// TLS configures TLS to Redis and on the gRPC server (tls.go).
+	TLS TLSOptions
+	// XDS, with a server address, takes the configuration from an xDS
+	// management server instead of files (xds.go).
+	XDS XDSOptions
 
 	Prefix          string        // Redis key prefix (default "ratelimitd")
 	Timeout         time.Duration // bound of every wait on Redis (default 100ms)
@@ -90,7 +102,7 @@ type Server struct {
 // A configuration error is returned as is (every *config.Error in it names
 // the file, line and field).
 func New(opts Options) (srv *Server, err error) {
-	if len(opts.ConfigPaths) == 0 {
+	if len(opts.ConfigPaths) == 0 && opts.XDS.Server == "" {
 		return nil, errors.New("no configuration: give --config FILE (or a directory)")
 	}
 	if opts.GRPCAddr == "" {
@@ -117,38 +129,39 @@ func New(opts Options) (srv *Server, err error) {
 			s.closeAll()
 		}
 	}()
-	srcs, err := config.ReadSources(opts.ConfigPaths)
+	cfg, srcs, err := s.initialConfig()
 	if err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
+		return nil, err
 	}
-	cfg, err := config.Parse(opts.Defaults, srcs...)
-	if err != nil {
-		return nil, fmt.Errorf("configuration:\n%w", err)
-	}
-	s.lastHash = hashSources(srcs)
 	if err := s.connect(); err != nil {
 		return nil, err
 	}
 	s.svc, err = service.New(service.Options{
 		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
-		Defaults: opts.Defaults, Logger: s.log,
+		Defaults: opts.Defaults, Compat: opts.Compat, Logger: s.log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := s.svc.Apply(cfg); err != nil {
-		return nil, err
+	if cfg != nil {
+		if err := s.svc.Apply(cfg); err != nil {
+			return nil, err
+		}
+		s.svc.ReloadResult(nil)
+		s.log.Info("configuration loaded", "domains", cfg.Domains(), "rules", len(cfg.Rules), "files", names(srcs))
 	}
-	s.svc.ReloadResult(nil)
-	s.log.Info("configuration loaded", "domains", cfg.Domains(), "rules", len(cfg.Rules), "files", names(srcs))
 	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("grpc listener: %w", err)
 	}
 	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("http listener: %w", err)
 	}
-	s.grpc = grpc.NewServer()
+	creds, err := opts.TLS.grpcCreds(s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(creds...)
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -168,7 +181,12 @@ func (s *Server) connect() error {
 			"addr", mr.Addr())
 		o.RedisAddrs = []string{mr.Addr()}
 	}
+	tlsConf, err := o.TLS.redisTLS()
+	if err != nil {
+		return err
+	}
 	s.client = redis.NewUniversalClient(&redis.UniversalOptions{
+		TLSConfig: tlsConf, IsClusterMode: o.RedisCluster,
 		Addrs: o.RedisAddrs, MasterName: o.RedisMaster,
 		Username: o.RedisUsername, Password: o.RedisPassword,
 		PoolSize:              o.RedisPoolSize,
@@ -191,8 +209,7 @@ func (s *Server) Service() *service.Service { return s.svc }
 // DrainTimeout), and every limiter is closed, giving its leases back.
 // It returns nil after a shutdown asked by ctx.
 func (s *Server) Run(ctx context.Context) error {
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.setServing()
 	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -207,7 +224,12 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	if s.opts.WatchInterval > 0 {
+	if s.opts.XDS.Server != "" {
+		g.Go(func() error {
+			s.watchXDS(gctx)
+			return nil
+		})
+	} else if s.opts.WatchInterval > 0 {
 		g.Go(func() error {
 			s.watch(gctx)
 			return nil
@@ -302,8 +324,9 @@ func (s *Server) reload() {
 		return
 	}
 	s.lastHash = h
-	cfg, err := config.Parse(s.opts.Defaults, srcs...)
+	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
 	if err == nil {
+		s.warnings(cfg)
 		err = s.svc.Apply(cfg)
 	}
 	if err != nil {

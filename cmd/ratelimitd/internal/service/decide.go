@@ -31,8 +31,9 @@ const (
 // ShouldRateLimit decides a request: one status per descriptor and the
 // overall code. It returns an InvalidArgument status for an empty domain,
 // no descriptor, or a descriptor asking for negative hits (refills are not
-// supported); NotFound for an unknown domain; Unavailable before the first
-// Apply and after Close; the context's status when the caller gives up.
+// supported); Unavailable before the first Apply and after Close; the
+// context's status when the caller gives up. An unknown domain is answered
+// OK with no limit, as envoyproxy/ratelimit answers it.
 // Redis being slow or down is not an error: the rule's failure mode
 // decides within the timeout.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
@@ -64,6 +65,10 @@ type item struct {
 	err    error
 	result int
 	status *pb.RateLimitResponse_DescriptorStatus
+
+	check bool                   // hits_addend 0 on the descriptor: decide, count nothing
+	envoy bool                   // counted in envoyproxy/ratelimit's keys (Compat.EnvoyKeys)
+	res   *ratelimit.Reservation // what Compat.StopIncrementWhenOverLimit may give back
 }
 
 func (it *item) rule() *config.Rule {
@@ -108,7 +113,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	dom := snap.cfg.Domain(req.Domain)
 	if dom == nil {
-		return nil, status.Errorf(codes.NotFound, "unknown domain %q", req.Domain)
+		return s.unknownDomain(req), nil
 	}
 	items := make([]item, len(descs))
 	var replaced []string
@@ -118,7 +123,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		if d.GetIsNegativeHits() {
 			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: is_negative_hits (giving hits back) is not supported", i)
 		}
-		it.hits = hitsOf(req, d)
+		it.hits, it.check = hitsOf(req, d)
 		if o := d.GetLimit(); o != nil {
 			ov, err := s.override(o)
 			if err != nil {
@@ -144,25 +149,34 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			}
 		}
 	}
-	calls := 0
+	calls, envoy := 0, 0
 	for i := range items {
 		if s.prepare(req.Domain, &items[i]) {
-			calls++
+			if items[i].envoy {
+				envoy++
+				items[i].call = false // counted together, in the peer's way, below
+			} else {
+				calls++
+			}
 		}
 	}
 	if calls > 0 {
 		s.count(ctx, items, calls)
 	}
-	return s.respond(req.Domain, items)
+	if envoy > 0 || s.opts.Compat.StopIncrementWhenOverLimit {
+		s.settle(ctx, req.Domain, items, envoy)
+	}
+	return s.respond(req, items)
 }
 
 // hitsOf is a descriptor's hits: its own hits_addend when set, else the
-// request's, 0 meaning 1 in both.
-func hitsOf(req *pb.RateLimitRequest, d *rlcommon.RateLimitDescriptor) uint64 {
+// request's, 0 meaning 1 for the request's. A descriptor's own hits_addend
+// of 0 checks without counting (check).
+func hitsOf(req *pb.RateLimitRequest, d *rlcommon.RateLimitDescriptor) (hits uint64, check bool) {
 	if h := d.GetHitsAddend(); h != nil {
-		return max(1, h.GetValue())
+		return h.GetValue(), h.GetValue() == 0
 	}
-	return uint64(max(1, req.GetHitsAddend()))
+	return uint64(max(1, req.GetHitsAddend())), false
 }
 
 // prepare answers the items no limiter needs to decide, and reports
@@ -191,6 +205,10 @@ func (s *Service) prepare(domain string, it *item) bool {
 		return false
 	}
 	it.call = true
+	if e := it.ent(); e.envoy != nil {
+		it.envoy = true
+		return true
+	}
 	it.key = counterKey(domain, it.desc.GetEntries(), it.shared)
 	return true
 }
@@ -284,9 +302,18 @@ func (s *Service) count(ctx context.Context, items []item, calls int) {
 	wg.Wait()
 }
 
-// allow asks the item's limiter.
+// allow asks the item's limiter: to check without counting (hits_addend
+// 0), to reserve what may be given back (StopIncrementWhenOverLimit), or
+// to count.
 func (s *Service) allow(ctx context.Context, it *item) {
-	it.dec, it.err = it.ent().lim.AllowN(ctx, it.key, int(it.hits))
+	switch {
+	case it.check:
+		it.dec, it.err = s.peek(ctx, it)
+	case s.opts.Compat.StopIncrementWhenOverLimit:
+		it.dec, it.res, it.err = s.reserve(ctx, it)
+	default:
+		it.dec, it.err = it.ent().lim.AllowN(ctx, it.key, int(it.hits))
+	}
 }
 
 // counterKey is the key a descriptor is counted under in its rule's
@@ -328,8 +355,10 @@ func escape(b *strings.Builder, s string) {
 }
 
 // respond turns the decided items into the response, counts them in the
-// metrics, and adds the headers.
-func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, error) {
+// metrics, and adds the headers (with Options.ResponseHeaders only) and the
+// dynamic metadata (with Compat.ResponseDynamicMetadata).
+func (s *Service) respond(req *pb.RateLimitRequest, items []item) (*pb.RateLimitResponse, error) {
+	domain := req.Domain
 	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(items))}
 	overRate, overQuota, quota := 0, 0, 0
 	var closest *pb.RateLimitResponse_DescriptorStatus
@@ -348,14 +377,12 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 		}
 		resp.Statuses[i] = it.status
 		r := it.rule()
-		if r == nil {
+		if r == nil || r.Unlimited { // neither counted nor measured, as envoyproxy/ratelimit
 			continue
 		}
 		s.record(domain, it)
-		if r.Unlimited {
-			continue
-		}
-		if r.QuotaMode {
+		quotaMode := r.QuotaMode || s.opts.Compat.QuotaMode
+		if quotaMode {
 			quota++
 		}
 		st := it.status
@@ -363,7 +390,7 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 			closest = st
 		}
 		if st.Code == pb.RateLimitResponse_OVER_LIMIT {
-			if r.QuotaMode {
+			if quotaMode {
 				overQuota++
 			} else {
 				overRate++
@@ -380,12 +407,16 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
 	}
-	if closest != nil {
+	if closest != nil && s.opts.ResponseHeaders {
+		c := &s.opts.Compat
 		resp.ResponseHeadersToAdd = []*core.HeaderValue{
-			{Key: HeaderLimit, Value: strconv.FormatUint(uint64(closest.CurrentLimit.GetRequestsPerUnit()), 10)},
-			{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(closest.LimitRemaining), 10)},
-			{Key: HeaderReset, Value: strconv.FormatInt(closest.DurationUntilReset.GetSeconds(), 10)},
+			{Key: c.HeaderLimit, Value: strconv.FormatUint(uint64(closest.CurrentLimit.GetRequestsPerUnit()), 10)},
+			{Key: c.HeaderRemaining, Value: strconv.FormatUint(uint64(closest.LimitRemaining), 10)},
+			{Key: c.HeaderReset, Value: strconv.FormatInt(closest.DurationUntilReset.GetSeconds(), 10)},
 		}
+	}
+	if s.opts.Compat.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, items)
 	}
 	return resp, nil
 }

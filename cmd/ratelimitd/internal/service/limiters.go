@@ -99,6 +99,7 @@ type entry struct {
 	hybm   *hybrid.Multi   // strict, optimistic, several limits
 	globm  *global.Multi   // exact, several limits
 	fbm    *countingMulti  // globm's fallback, failure mode local
+	envoy  *envoyCounter   // exact, in envoyproxy/ratelimit's keys (Compat.EnvoyKeys)
 	pinned bool            // used by request limit overrides: kept until Close (guarded by Service.mu)
 	closed atomic.Bool
 }
@@ -113,6 +114,13 @@ func (s *Service) newEntry(sig signature) (*entry, error) {
 	multi := len(lims) > 1
 	prefix := sig.prefix(s.opts.Prefix)
 	e := &entry{sig: sig}
+	if s.envoyEligible(sig) {
+		var err error
+		if e.envoy, err = s.newEnvoyCounter(sig); err != nil {
+			return nil, fmt.Errorf("limiter %v: %w", sig, err)
+		}
+		return e, nil
+	}
 	if sig.mode == config.Exact {
 		opts := []global.Option{
 			global.WithAlgorithms(algs...), global.WithPrefix(prefix),
@@ -215,6 +223,9 @@ func (e *entry) hybridStats() (st hybrid.Stats, ok bool) {
 // the decisions of the local fallback (failure mode local) are counted
 // here, the others' are not, and known is false (no breaker state).
 func (e *entry) globalState() (fallback uint64, degraded, known bool) {
+	if e.envoy != nil {
+		return 0, false, false
+	}
 	if e.globm != nil {
 		if e.fbm != nil {
 			fallback = e.fbm.n.Load()

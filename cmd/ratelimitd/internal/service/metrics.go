@@ -29,6 +29,8 @@ type metrics struct {
 	reloadAt               prometheus.Gauge
 	rules                  prometheus.Gauge
 	shadowed               prometheus.Counter
+	notFound               prometheus.Counter // descriptors of an unknown domain
+	giveBackErrs           prometheus.Counter // hits taken to check or to stop, not given back
 }
 
 // retired holds the counters of limiters closed since the start, so that
@@ -42,7 +44,7 @@ func newMetrics(s *Service) *metrics {
 		reg: prometheus.NewRegistry(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_decisions_total",
-			Help: "Descriptor decisions by domain, rule (envoyproxy/ratelimit's statistics key without the domain) and result (ok, over_limit, shadow_over_limit, unlimited).",
+			Help: "Descriptor decisions by domain, rule (envoyproxy/ratelimit's statistics key without the domain) and result (ok, over_limit, shadow_over_limit); unlimited rules are not counted.",
 		}, []string{"domain", "rule", "result"}),
 		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratelimit_hits_total",
@@ -78,10 +80,18 @@ func newMetrics(s *Service) *metrics {
 			Help: "Calls over the limit answered OK because the service runs in shadow mode.",
 		}),
 	}
+	m.notFound = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_domain_not_found_total",
+		Help: "Requests for a domain no configuration defines, answered OK with no limit (envoyproxy/ratelimit's domain_not_found).",
+	})
+	m.giveBackErrs = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_give_back_errors_total",
+		Help: "Hits taken to check a descriptor (hits_addend 0) or of a request over the limit (--stop-cache-key-increment-when-overlimit) that could not be given back: they stay counted until their window ends.",
+	})
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
 	m.reqOK, m.reqOver, m.reqErr = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit"), m.requests.WithLabelValues("error")
-	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed,
+	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed, m.notFound, m.giveBackErrs,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_redis_round_trips_total",
 			Help: "Round trips to Redis of every kind (a command or a pipeline), counted on the service's client.",

@@ -73,8 +73,10 @@ func (s *Service) override(o *rlcommon.RateLimitDescriptor_RateLimitOverride) (*
 	return ov, nil
 }
 
-// overrideLabel names an override decision in metrics: the descriptor's
-// keys, without their values.
+// overrideLabel names an override decision in metrics as
+// envoyproxy/ratelimit names its statistics, without the domain: each entry
+// as key_value (key alone for an empty value), joined by dots, e.g.
+// "key1_value1.subkey1_something".
 func overrideLabel(d *rlcommon.RateLimitDescriptor) string {
 	var b strings.Builder
 	for i, e := range d.GetEntries() {
@@ -82,6 +84,10 @@ func overrideLabel(d *rlcommon.RateLimitDescriptor) string {
 			b.WriteByte('.')
 		}
 		b.WriteString(e.GetKey())
+		if v := e.GetValue(); v != "" {
+			b.WriteByte('_')
+			b.WriteString(v)
+		}
 	}
 	return b.String()
 }

@@ -62,6 +62,9 @@ type Options struct {
 	// Defaults are the mode, algorithm and failure mode of limit overrides
 	// sent in requests (those of config rules come from the Config).
 	Defaults config.Defaults
+	// Compat holds the settings of envoyproxy/ratelimit's behaviours a
+	// migrating deployment may ask for (see Compat).
+	Compat Compat
 	// Logger receives the service's logs (default: slog.Default()).
 	Logger *slog.Logger
 }
@@ -147,6 +150,9 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if err := opts.Compat.init(); err != nil {
+		return nil, err
+	}
 	s := &Service{opts: opts, log: opts.Logger, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
 	s.m = newMetrics(s)
 	opts.Client.AddHook(&s.sent)
@@ -192,7 +198,7 @@ func (s *Service) Apply(cfg *config.Config) error {
 	for i, r := range cfg.Rules {
 		rs := &snap.rules[i]
 		rs.rule = r
-		if !r.ValuesInLabel {
+		if !r.ValuesInLabel && !r.Unlimited { // unlimited rules are not measured
 			for res := range nResults {
 				rs.ctr[res] = s.m.decisions.WithLabelValues(r.Domain, r.Path, resultNames[res])
 			}
