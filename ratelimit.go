@@ -87,8 +87,7 @@ func (l Limit) Validate() error {
 // Rate at most 2^53 (and ignores Burst beyond its sign), so that, for
 // example, 4,294,967,295 per year is valid for it. The other algorithms
 // weigh events in microseconds of the period and keep Validate's bounds.
-// The local and global limiters check their limit with it; the hybrid
-// limiter, and every multi-limit limiter, with Validate.
+// Every limiter of the module checks its limits with it.
 func (l Limit) ValidateFor(a Algorithm) error {
 	if a != FixedWindow {
 		return l.Validate()

@@ -64,3 +64,25 @@ func TestWithClock(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.Allowed, "the hybrid's 5 count in the global limiter's window")
 }
+
+// A FixedWindow limit far above 2^53 microseconds of its period, as
+// ratelimitd's configurations hold (4,294,967,295 a year), is valid for
+// the hybrid and counts as any other.
+func TestLargeFixedWindowLimit(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	limit := ratelimit.Limit{Rate: 4_294_967_295, Period: 365 * 24 * time.Hour}
+	require.Error(t, limit.Validate(), "too large for the algorithms that weigh microseconds")
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(uniq(t)))
+	require.NoError(t, err)
+	defer h.Close()
+	for i := 0; i < 5; i++ {
+		d, err := h.AllowN(context.Background(), "k", 1000)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, limit.Rate-1000*(i+1), d.Remaining)
+	}
+	_, err = hybrid.New(c, limit, hybrid.WithAlgorithm(ratelimit.SlidingWindow))
+	require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
+}

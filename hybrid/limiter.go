@@ -111,7 +111,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		}
 		cfg.algorithm = cfg.algorithms[0]
 	}
-	if err := limit.Validate(); err != nil {
+	if err := limit.ValidateFor(cfg.algorithm); err != nil {
 		return nil, err
 	}
 	if cfg.algorithm == ratelimit.GCRA && int64(limit.Period/time.Microsecond) < int64(limit.Rate) {

@@ -52,7 +52,7 @@ func Limits(limits []ratelimit.Limit, algs []ratelimit.Algorithm) error {
 		if !a.Valid() {
 			return fmt.Errorf("%w: limit %d: %v", ratelimit.ErrInvalidAlgorithm, i, a)
 		}
-		if err := l.Validate(); err != nil {
+		if err := l.ValidateFor(a); err != nil {
 			return fmt.Errorf("limit %d: %w", i, err)
 		}
 		if a == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
