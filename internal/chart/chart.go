@@ -58,6 +58,8 @@ type Panel struct {
 	Y      string   `json:"y"` // the y axis's label
 	LogX   bool     `json:"log_x,omitempty"`
 	LogY   bool     `json:"log_y,omitempty"`
+	ZeroY  bool     `json:"-"` // a linear y axis starts at 0
+	YMax   float64  `json:"-"` // > 0: a linear y axis goes up to at least this (room for the legend)
 	Series []Series `json:"series"`
 	// Legend is where the legend goes: "" (top right), "top-left",
 	// "bottom-right" or "bottom-left".
@@ -297,6 +299,13 @@ func (p Panel) plot() (*plot.Plot, error) {
 	}
 	if p.LogY {
 		setLog(&pl.Y, ys)
+	} else {
+		if p.ZeroY {
+			pl.Y.Min = math.Min(pl.Y.Min, 0)
+		}
+		if p.YMax > 0 {
+			pl.Y.Max = math.Max(pl.Y.Max, p.YMax)
+		}
 	}
 	return pl, nil
 }
