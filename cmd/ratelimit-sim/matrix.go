@@ -53,6 +53,7 @@ type point struct {
 	limit         int
 	errs          uint64
 	fallback      uint64
+	note          string // what went wrong without spoiling the measurement (a Close error)
 }
 
 // runKind runs one phase of kind k on be and reduces it to a point.
@@ -90,15 +91,25 @@ func runKind(ctx context.Context, cfg config, be *backend, wl *workload, runID, 
 		}
 	}
 	p.u = p.perSec * cfg.period.Seconds() / float64(cfg.keys*cfg.instances)
-	if r.firstErr != nil {
-		return p, fmt.Errorf("%s: %w", name, r.firstErr)
+	switch {
+	case r.errs > 0:
+		// A decision returned an error: the measurement is not one.
+		return p, fmt.Errorf("%s: %d decisions failed; first: %w", name, r.errs, r.firstErr)
+	case r.firstErr != nil:
+		// Closing the limiters failed (their last flush): the decisions
+		// were measured; say so beside them.
+		p.note = r.firstErr.Error()
 	}
 	return p, nil
 }
 
 func (p point) line() string {
+	note := ""
+	if p.note != "" {
+		note = "\n      note: " + p.note
+	}
 	return fmt.Sprintf("%-22s %7d keys  +%-6v u %-10.3g %12s/s  %8.3g round trips/decision  waited %5.1f%%  p50 %-8s p99 %-8s max per key-window %d (limit %d)",
-		p.kind, p.keys, p.latency, p.u, commas(uint64(p.perSec)), p.rtPerDecision, 100*p.waited, fmtDur(p.p50), fmtDur(p.p99), p.maxWin, p.limit)
+		p.kind, p.keys, p.latency, p.u, commas(uint64(p.perSec)), p.rtPerDecision, 100*p.waited, fmtDur(p.p50), fmtDur(p.p99), p.maxWin, p.limit) + note
 }
 
 // sweep runs the regime sweep: for each key count, uniform keys in a

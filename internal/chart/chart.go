@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -200,6 +201,47 @@ var palette = []color.Color{
 	color.RGBA{R: 0xbc, G: 0xbd, B: 0x22, A: 0xff}, // olive
 }
 
+// lone says whether a line of s would leave a drawable point out: one
+// with no drawable neighbour draws no line, so it gets a mark.
+func (p Panel) lone(s Series) bool {
+	if s.Style == Points || s.Style == LinesPoints {
+		return false
+	}
+	for _, r := range p.runs(s) {
+		if len(r) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// shortTicks labels the ticks of another ticker briefly: 2.5k, 1M, 0.01.
+type shortTicks struct{ plot.Ticker }
+
+func (t shortTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := t.Ticker.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			ts[i].Label = short(ts[i].Value)
+		}
+	}
+	return ts
+}
+
+// short formats v with at most 4 significant digits and a k, M or G suffix.
+func short(v float64) string {
+	a := math.Abs(v)
+	for _, u := range []struct {
+		f float64
+		s string
+	}{{1e9, "G"}, {1e6, "M"}, {1e3, "k"}} {
+		if a >= u.f {
+			return strconv.FormatFloat(v/u.f, 'g', 4, 64) + u.s
+		}
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
 // runs returns the drawable points of s in runs of consecutive ones.
 func (p Panel) runs(s Series) []plotter.XYs {
 	var out []plotter.XYs
@@ -281,7 +323,7 @@ func (p Panel) plot() (*plot.Plot, error) {
 				}
 			}
 		}
-		if s.Style == Points || s.Style == LinesPoints {
+		if s.Style == Points || s.Style == LinesPoints || p.lone(s) {
 			sc, err := plotter.NewScatter(xys)
 			if err != nil {
 				return nil, err
@@ -297,9 +339,12 @@ func (p Panel) plot() (*plot.Plot, error) {
 	if p.LogX {
 		setLog(&pl.X, xs)
 	}
+	pl.X.Tick.Marker = shortTicks{pl.X.Tick.Marker}
 	if p.LogY {
 		setLog(&pl.Y, ys)
-	} else {
+	}
+	pl.Y.Tick.Marker = shortTicks{pl.Y.Tick.Marker}
+	if !p.LogY {
 		if p.ZeroY {
 			pl.Y.Min = math.Min(pl.Y.Min, 0)
 		}

@@ -90,3 +90,9 @@ func TestReadRejects(t *testing.T) {
 	_, err = Read(dir, "missing")
 	require.Error(t, err)
 }
+
+func TestShort(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 0.01: "0.01", 1.5: "1.5", 2500: "2.5k", 5000: "5k", 1e6: "1M", 12345678: "12.35M", -3000: "-3k", 1e10: "10G"} {
+		require.Equal(t, want, short(v), "%v", v)
+	}
+}
