@@ -16,16 +16,22 @@ import (
 // (how often an instance sees a key in a window), not saturation.
 const sweepLimit = 100_000_000
 
-// multiRegionWorkers is --multi-region's --workers unless given: requests
-// in flight per instance. With a far Redis a decision that waits holds its
-// worker for a round trip; a service has many requests in flight, so the
-// fleet's decisions/s is not just workers / round trip.
-const multiRegionWorkers = 32
+// multiRegionWorkers is --multi-region's --workers unless given: deciding
+// goroutines per instance, enough that an open loop of multiRegionRate
+// keeps up when every decision waits 100ms and more (Little's law: 10,000/s
+// x 0.1s = 1,000 in flight).
+const multiRegionWorkers = 256
+
+// multiRegionRate is --multi-region's offered load unless --rate is given.
+// An open loop: requests arrive at the rate users send them, whatever the
+// limiter's latency, as in a service. (In a closed loop a far Redis would
+// slow the fleet down, each key would be seen less often per window, and
+// a warm workload would turn cold.)
+const multiRegionRate = 10_000
 
 // Figures of --sweep and --multi-region.
 const (
 	figRegime        = "regime"
-	figMultiRate     = "multi-region-rate"
 	figMultiLatency  = "multi-region-latency"
 	figMultiWaits    = "multi-region-waits"
 	labelStrict      = "hybrid strict"
@@ -49,6 +55,7 @@ type point struct {
 	rtPerDecision float64
 	waited        float64 // fraction of decisions that waited on Redis
 	p50, p99      time.Duration
+	inFlight      float64 // decisions waiting on the limiter at once, on average (decisions/s x mean latency)
 	maxWin        int
 	limit         int
 	errs          uint64
@@ -81,6 +88,7 @@ func runKind(ctx context.Context, cfg config, be *backend, wl *workload, runID, 
 	p := point{
 		kind: k, keys: cfg.keys, latency: cfg.redisLatency, decisions: r.decisions,
 		perSec: perSec(r.decisions, r), p50: r.lat.quantile(0.5), p99: r.lat.quantile(0.99),
+		inFlight: perSec(r.decisions, r) * r.lat.mean().Seconds(),
 		maxWin: r.maxWin, limit: cfg.limit, errs: r.errs, fallback: r.stats.Fallback,
 	}
 	if r.decisions > 0 {
@@ -188,20 +196,20 @@ func regimeFigure(cfg config, pts []point, command string) chart.Figure {
 
 // regime is one workload of --multi-region.
 type regime struct {
-	name   string
-	keys   int
-	zipf   float64
-	limit  int
-	period time.Duration
+	name  string
+	keys  int
+	limit int // per key per second
 }
 
-// regimes are the three workloads of docs/tuning.md: hot (100 Zipf keys
-// driven past 5,000/s), warm (10,000 keys, 10s windows) and cold (10,000
-// keys, 1s windows: an instance sees a key less than once a window).
+// regimes are the workloads of --multi-region, uniform keys, 1s windows;
+// at 10,000 decisions/s over 8 instances: hot (2 keys, u = 625, each
+// driven past its limit), warm (100 keys, u = 12.5, under it) and cold
+// (10,000 keys, u = 0.125: an instance sees a key about once in eight
+// windows).
 var regimes = []regime{
-	{"hot", 100, 1, 5000, time.Second},
-	{"warm", 10_000, 0, 20_000, 10 * time.Second},
-	{"cold", 10_000, 0, 2000, time.Second},
+	{"hot", 2, 2000},
+	{"warm", 100, 500},
+	{"cold", 10_000, 100},
 }
 
 // multiRegion runs each regime with Redis near (no added latency: Redis in
@@ -214,8 +222,12 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 	if len(cfg.redisAddrs) > 0 {
 		desc = "redis " + cfg.redisAddrs[0]
 	}
-	fmt.Fprintf(out, "ratelimit-sim --multi-region: %d instances x %d workers (closed loop), %v per phase, %s; round trips added: %v\n",
-		cfg.instances, cfg.workers, cfg.duration, desc, lats)
+	rate := cfg.rate
+	if rate == 0 {
+		rate = multiRegionRate
+	}
+	fmt.Fprintf(out, "ratelimit-sim --multi-region: %d instances (WithInstances) x %d workers, open loop: %s decisions/s offered, uniform keys, 1s windows, %v per phase, %s; round trips added: %v\n",
+		cfg.instances, cfg.workers, commas(uint64(rate)), cfg.duration, desc, lats)
 	var pts []point
 	byRegime := map[string][]point{}
 	for _, lat := range lats {
@@ -225,7 +237,8 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 		}
 		for _, rg := range regimes {
 			c := cfg
-			c.keys, c.zipf, c.limit, c.period, c.redisLatency = rg.keys, rg.zipf, rg.limit, rg.period, lat
+			c.keys, c.zipf, c.limit, c.period, c.redisLatency = rg.keys, 0, rg.limit, time.Second, lat
+			c.rate, c.fixInstances = rate, true
 			wl := newWorkload(c.keys, c.zipf)
 			for i, kind := range kinds {
 				p, err := runKind(ctx, c, be, wl, runID, fmt.Sprintf("%s-%d-%d", rg.name, lat.Milliseconds(), i), kind)
@@ -241,16 +254,16 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 		be.close()
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "| regime | round trip added | limiter | decisions/s | p50 | p99 | decisions that waited on Redis | max per key-window / limit | failure-mode decisions |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| regime | round trip added | limiter | decisions/s | p50 | p99 | waited on Redis | in flight | max per key-window / limit | failure-mode decisions |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, rg := range regimes {
 		for _, p := range byRegime[rg.name] {
 			over := ""
 			if p.maxWin > p.limit {
 				over = fmt.Sprintf(" (+%.1f%%)", 100*float64(p.maxWin-p.limit)/float64(p.limit))
 			}
-			fmt.Fprintf(out, "| %s | %v | %s | %s | %s | %s | %.2f%% | %s / %s%s | %s |\n", rg.name, p.latency, p.kind,
-				commas(uint64(p.perSec)), fmtDur(p.p50), fmtDur(p.p99), 100*p.waited,
+			fmt.Fprintf(out, "| %s | %v | %s | %s | %s | %s | %.2f%% | %.3g | %s / %s%s | %s |\n", rg.name, p.latency, p.kind,
+				commas(uint64(p.perSec)), fmtDur(p.p50), fmtDur(p.p99), 100*p.waited, p.inFlight,
 				commas(uint64(p.maxWin)), commas(uint64(p.limit)), over, commas(p.fallback))
 		}
 	}
@@ -265,34 +278,32 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 	return nil
 }
 
-// multiRegionFigures draws, per regime, decisions/s, p99 latency and the
+// multiRegionFigures draws, per regime, the p50 and p99 latency and the
 // share of decisions that waited against the round trip added.
 func multiRegionFigures(byRegime map[string][]point, command string) []chart.Figure {
-	var rate, lat, waits []chart.Panel
+	var lat, waits []chart.Panel
 	x := "round trip added to Redis (ms)"
 	for _, rg := range regimes {
-		pr := chart.Panel{Title: rg.name + " keys: decisions/s, fleet-wide", X: x, Y: "decisions/s", LogY: true, Legend: "bottom-left"}
-		pl := chart.Panel{Title: rg.name + " keys: p99 decision latency", X: x, Y: "p99 latency (ms)", LogY: true, Legend: "top-left"}
+		pl := chart.Panel{Title: rg.name + " keys: decision latency, p50 (dashed: p99)", X: x, Y: "latency (ms)", LogY: true, Legend: "bottom-right"}
 		pw := chart.Panel{Title: rg.name + " keys: decisions that waited on Redis", X: x, Y: "% of decisions", LogY: true, Legend: "bottom-right"}
 		for _, k := range kinds {
-			a := chart.Series{Name: k, Style: chart.LinesPoints}
-			b := chart.Series{Name: k, Style: chart.LinesPoints}
-			c := chart.Series{Name: k, Style: chart.LinesPoints}
+			p50 := chart.Series{Name: k, Style: chart.LinesPoints}
+			p99 := chart.Series{Name: k + " p99", Style: chart.Dashed}
+			w := chart.Series{Name: k, Style: chart.LinesPoints}
 			for _, p := range byRegime[rg.name] {
 				if p.kind != k {
 					continue
 				}
 				ms := float64(p.latency) / float64(time.Millisecond)
-				a.X, a.Y = append(a.X, ms), append(a.Y, p.perSec)
-				b.X, b.Y = append(b.X, ms), append(b.Y, float64(p.p99)/float64(time.Millisecond))
-				c.X, c.Y = append(c.X, ms), append(c.Y, 100*p.waited)
+				p50.X, p50.Y = append(p50.X, ms), append(p50.Y, float64(p.p50)/float64(time.Millisecond))
+				p99.X, p99.Y = append(p99.X, ms), append(p99.Y, float64(p.p99)/float64(time.Millisecond))
+				w.X, w.Y = append(w.X, ms), append(w.Y, 100*p.waited)
 			}
-			pr.Series, pl.Series, pw.Series = append(pr.Series, a), append(pl.Series, b), append(pw.Series, c)
+			pl.Series, pw.Series = append(pl.Series, p50, p99), append(pw.Series, w)
 		}
-		rate, lat, waits = append(rate, pr), append(lat, pl), append(waits, pw)
+		lat, waits = append(lat, pl), append(waits, pw)
 	}
 	return []chart.Figure{
-		{Name: figMultiRate, Command: command, Panels: rate},
 		{Name: figMultiLatency, Command: command, Panels: lat},
 		{Name: figMultiWaits, Command: command, Panels: waits},
 	}

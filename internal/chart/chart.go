@@ -41,7 +41,8 @@ const (
 	Lines       Style = iota // a line through the points, in x order as given
 	Points                   // a mark at each point
 	LinesPoints              // both
-	Steps                    // a horizontal line (a bound, such as the limit): as Lines, dashed
+	Steps                    // a horizontal line (a bound, such as the limit): as Lines, dashed, grey
+	Dashed                   // a dashed line in the colour of the series before it: another measure of the same thing
 )
 
 // Series is one named set of points. X and Y have the same length.
@@ -172,9 +173,8 @@ func (f Figure) render(path, format string) error {
 	}
 	dc := draw.New(c)
 	tiles := draw.Tiles{Rows: 1, Cols: n, PadX: vg.Centimeter, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	canvases := plot.Align(plots, tiles, dc)
 	for j, pl := range plots[0] {
-		pl.Draw(canvases[0][j])
+		pl.Draw(tiles.At(dc, j, 0))
 	}
 	out, err := os.Create(path)
 	if err != nil {
@@ -293,7 +293,11 @@ func (p Panel) plot() (*plot.Plot, error) {
 	pl.Legend.Padding = vg.Millimeter
 	pl.Add(plotter.NewGrid())
 	var xs, ys []float64
-	for i, s := range p.Series {
+	ci := -1 // the colour of the series
+	for _, s := range p.Series {
+		if s.Style != Dashed || ci < 0 {
+			ci++
+		}
 		xys := p.drawable(s)
 		if len(xys) == 0 {
 			continue
@@ -301,7 +305,7 @@ func (p Panel) plot() (*plot.Plot, error) {
 		for _, pt := range xys {
 			xs, ys = append(xs, pt.X), append(ys, pt.Y)
 		}
-		col := palette[i%len(palette)]
+		col := palette[ci%len(palette)]
 		var thumbs []plot.Thumbnailer
 		if s.Style != Points {
 			// A line through the drawable points, broken where points
@@ -313,9 +317,12 @@ func (p Panel) plot() (*plot.Plot, error) {
 				}
 				l.Color = col
 				l.Width = vg.Points(1.5)
-				if s.Style == Steps {
+				switch s.Style {
+				case Steps:
 					l.Color = color.Gray{Y: 0x30}
 					l.Dashes = []vg.Length{vg.Points(6), vg.Points(3)}
+				case Dashed:
+					l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 				}
 				pl.Add(l)
 				if thumbs == nil {
@@ -329,12 +336,14 @@ func (p Panel) plot() (*plot.Plot, error) {
 				return nil, err
 			}
 			sc.Color = col
-			sc.Shape = plotutil.Shape(i)
+			sc.Shape = plotutil.Shape(ci)
 			sc.Radius = vg.Points(2.5)
 			pl.Add(sc)
 			thumbs = append(thumbs, sc)
 		}
-		pl.Legend.Add(s.Name, thumbs...)
+		if s.Style != Dashed { // its colour's entry names it; the title says what dashes are
+			pl.Legend.Add(s.Name, thumbs...)
+		}
 	}
 	if p.LogX {
 		setLog(&pl.X, xs)
