@@ -45,7 +45,7 @@ done
 port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768-), where client sockets take ports
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
   done
 }
