@@ -64,6 +64,7 @@ type point struct {
 	limit         int
 	errs          uint64
 	fallback      uint64
+	noReply       uint64 // hybrid decisions Redis did not answer within the timeout (denied in strict, on credit in optimistic)
 	note          string // what went wrong without spoiling the measurement (a Close error)
 }
 
@@ -93,7 +94,7 @@ func runKind(ctx context.Context, cfg config, be *backend, wl *workload, runID, 
 		kind: k, keys: cfg.keys, latency: cfg.redisLatency, decisions: r.decisions,
 		perSec: perSec(r.decisions, r), p50: r.lat.quantile(0.5), p99: r.lat.quantile(0.99),
 		inFlight: perSec(r.decisions, r) * r.lat.mean().Seconds(),
-		maxWin:   r.maxWin, limit: cfg.limit, errs: r.errs, fallback: r.stats.Fallback,
+		maxWin:   r.maxWin, limit: cfg.limit, errs: r.errs, fallback: r.stats.Fallback, noReply: r.stats.NoReply,
 	}
 	if r.decisions > 0 {
 		p.rtPerDecision = float64(r.roundTrips) / float64(r.decisions)
@@ -258,7 +259,7 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 		be.close()
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "| regime | round trip added | limiter | decisions/s | p50 | p99 | waited on Redis | in flight | max per key-window / limit | failure-mode decisions |")
+	fmt.Fprintln(out, "| regime | round trip added | limiter | decisions/s | p50 | p99 | waited on Redis | in flight | no reply in time | max per key-window / limit |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, rg := range regimes {
 		for _, p := range byRegime[rg.name] {
@@ -266,9 +267,16 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 			if p.maxWin > p.limit {
 				over = fmt.Sprintf(" (+%.1f%%)", 100*float64(p.maxWin-p.limit)/float64(p.limit))
 			}
-			fmt.Fprintf(out, "| %s | %v | %s | %s | %s | %s | %.2f%% | %.3g | %s / %s%s | %s |\n", rg.name, p.latency, p.kind,
-				commas(uint64(p.perSec)), fmtDur(p.p50), fmtDur(p.p99), 100*p.waited, p.inFlight,
-				commas(uint64(p.maxWin)), commas(uint64(p.limit)), over, commas(p.fallback))
+			noReply := "-"
+			if p.kind != labelGlobal {
+				noReply = fmt.Sprintf("%.2f%%", 100*float64(p.noReply)/float64(max(p.decisions, 1)))
+				if p.fallback > 0 {
+					noReply += fmt.Sprintf(" (%s from the failure mode)", commas(p.fallback))
+				}
+			}
+			fmt.Fprintf(out, "| %s | %v | %s | %s | %s | %s | %.2f%% | %.3g | %s | %s / %s%s |\n", rg.name, p.latency, p.kind,
+				commas(uint64(p.perSec)), fmtDur(p.p50), fmtDur(p.p99), 100*p.waited, p.inFlight, noReply,
+				commas(uint64(p.maxWin)), commas(uint64(p.limit)), over)
 		}
 	}
 	if cfg.plotDir == "" {
