@@ -296,8 +296,10 @@ func multiRegionFigures(byRegime map[string][]point, command string) []chart.Fig
 	var lat, waits []chart.Panel
 	x := "round trip added to Redis (ms)"
 	for _, rg := range regimes {
-		pl := chart.Panel{Title: rg.name + " keys: decision latency, p50 (dashed: p99)", X: x, Y: "latency (ms)", LogY: true, Legend: "bottom-right"}
-		pw := chart.Panel{Title: rg.name + " keys: decisions that waited on Redis", X: x, Y: "% of decisions", LogY: true, Legend: "bottom-right"}
+		// Room above the data for the legend: a log axis up to 20s, a
+		// linear one to 150%.
+		pl := chart.Panel{Title: rg.name + " keys: decision latency, p50 (dashed: p99)", X: x, Y: "latency (ms)", LogY: true, YMax: 20_000}
+		pw := chart.Panel{Title: rg.name + " keys: decisions that waited on Redis", X: x, Y: "% of decisions", ZeroY: true, YMax: 150}
 		for _, k := range kinds {
 			p50 := chart.Series{Name: k, Style: chart.LinesPoints}
 			p99 := chart.Series{Name: k + " p99", Style: chart.Dashed}

@@ -61,7 +61,7 @@ type Panel struct {
 	LogX   bool     `json:"log_x,omitempty"`
 	LogY   bool     `json:"log_y,omitempty"`
 	ZeroY  bool     `json:"-"` // a linear y axis starts at 0
-	YMax   float64  `json:"-"` // > 0: a linear y axis goes up to at least this (room for the legend)
+	YMax   float64  `json:"-"` // > 0: the y axis goes up to at least this (room for the legend)
 	Series []Series `json:"series"`
 	// Legend is where the legend goes: "" (top right), "top-left",
 	// "bottom-right" or "bottom-left".
@@ -353,13 +353,11 @@ func (p Panel) plot() (*plot.Plot, error) {
 		setLog(&pl.Y, ys)
 	}
 	pl.Y.Tick.Marker = shortTicks{pl.Y.Tick.Marker}
-	if !p.LogY {
-		if p.ZeroY {
-			pl.Y.Min = math.Min(pl.Y.Min, 0)
-		}
-		if p.YMax > 0 {
-			pl.Y.Max = math.Max(pl.Y.Max, p.YMax)
-		}
+	if !p.LogY && p.ZeroY {
+		pl.Y.Min = math.Min(pl.Y.Min, 0)
+	}
+	if p.YMax > 0 && (!p.LogY || len(ys) > 0) {
+		pl.Y.Max = math.Max(pl.Y.Max, p.YMax)
 	}
 	return pl, nil
 }
