@@ -90,7 +90,7 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.plotDir, "plot", "", "write the figures (PNG, SVG and their series as JSON) to `dir`")
 	fs.BoolVar(&c.sweep, "sweep", false, "the regime sweep instead of one run: for each of --sweep-keys, hybrid strict, hybrid optimistic and global, uniform keys, closed loop; prints a table and, with --plot, draws regime.png (the limit defaults to 100,000,000 so that no key is driven past it)")
 	sweepKeys := fs.String("sweep-keys", "1,10,100,1000,10000,100000", "the key counts of --sweep")
-	fs.BoolVar(&c.multiRegion, "multi-region", false, "the multi-region matrix instead of one run: hot, warm and cold workloads (uniform keys, 1s windows, an open loop of --rate, 4,000/s unless given), each with Redis near (0) and at every --latencies round trip, through hybrid strict, hybrid optimistic and global, every instance told the fleet size; prints a table and, with --plot, draws multi-region-latency.png and multi-region-waits.png (--workers defaults to 128 here)")
+	fs.BoolVar(&c.multiRegion, "multi-region", false, "the multi-region matrix instead of one run: hot, warm and cold workloads (uniform keys, 1s windows, an open loop of --rate, 2,000/s unless given), each with Redis near (0) and at every --latencies round trip, through hybrid strict, hybrid optimistic and global, every instance told the fleet size; prints a table and, with --plot, draws multi-region-latency.png and multi-region-waits.png (--workers defaults to 64 here)")
 	latencies := fs.String("latencies", "20ms,50ms,100ms", "the round-trip times of --multi-region")
 	if err := cli.Parse(fs, args, out); err != nil {
 		return c, err

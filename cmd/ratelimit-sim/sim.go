@@ -402,9 +402,10 @@ type worker struct {
 }
 
 // tally counts allowed decisions per key and window. A decision belongs to
-// the window that ends ResetAfter after it was taken; the server time of
-// that end, rounded to the nearest window boundary, names the window (the
-// same attribution the hybrid package's tests use).
+// the window that ends ResetAfter after it was taken (the middle of the
+// call, on this side); the server time of that end, rounded to the
+// nearest window boundary, names the window (the same attribution the
+// hybrid package's tests use).
 type tally struct {
 	p      int64 // period in microseconds
 	first  int64 // window index of slot 0
@@ -504,7 +505,11 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 				}
 				if d.Allowed {
 					w.allowed++
-					t.add(k, t1+int64(d.ResetAfter))
+					// Redis decided between t0 and t1: the middle
+					// is at most half the wait off, so a far or slow
+					// Redis (waits up to a period) does not push the
+					// decision into the next window.
+					t.add(k, (t0+t1)/2+int64(d.ResetAfter))
 				} else {
 					w.denied++
 					t.deny(k, t1, w.lastDenied)
