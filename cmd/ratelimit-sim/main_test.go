@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -276,21 +278,21 @@ func TestMultiRegion(t *testing.T) {
 	srv := redistest.Standalone(t)
 	dir := t.TempDir()
 	var out bytes.Buffer
-	args := []string{"--redis", srv.Addr(), "--multi-region", "--latencies", "20ms", "--instances", "2", "--workers", "3",
-		"--duration", "400ms", "--timeout", "2s", "--plot", dir}
+	args := []string{"--redis", srv.Addr(), "--multi-region", "--latencies", "20ms", "--instances", "2", "--workers", "16",
+		"--rate", "400", "--duration", "500ms", "--timeout", "2s", "--plot", dir}
 	require.NoError(t, run(context.Background(), args, &out))
 	s := out.String()
 	t.Log("\n" + s)
-	require.Contains(t, s, "| regime | round trip added | limiter | decisions/s | p50 | p99 | decisions that waited on Redis |")
+	require.Contains(t, s, "open loop: 400 decisions/s offered")
+	require.Contains(t, s, "| regime | round trip added | limiter | decisions/s | p50 | p99 | waited on Redis | in flight | no reply in time |")
 	require.Contains(t, s, "| cold | 20ms | global (per request) |")
 	require.Contains(t, s, "| hot | 0s | hybrid strict |")
-	for _, name := range []string{figMultiRate, figMultiLatency, figMultiWaits} {
+	for _, name := range []string{figMultiLatency, figMultiWaits} {
 		f, err := chart.Read(dir, name)
 		require.NoError(t, err)
 		require.Len(t, f.Panels, len(regimes), name)
 		for i, p := range f.Panels {
 			require.True(t, strings.HasPrefix(p.Title, regimes[i].name+" keys"), p.Title)
-			require.Equal(t, kinds, p.Names())
 			for _, sr := range p.Series {
 				require.Equal(t, []float64{0, 20}, sr.X, "%s %s", name, sr.Name)
 			}
@@ -299,12 +301,92 @@ func TestMultiRegion(t *testing.T) {
 	f, err := chart.Read(dir, figMultiWaits)
 	require.NoError(t, err)
 	for _, p := range f.Panels {
+		require.Equal(t, kinds, p.Names())
 		g, _ := p.Get(labelGlobal)
 		require.Equal(t, []float64{100, 100}, g.Y, "every per-request decision waits")
 	}
 	f, err = chart.Read(dir, figMultiLatency)
 	require.NoError(t, err)
-	p, _ := f.Panel("hot")
+	p, _ := f.Panel("cold")
+	require.Equal(t, []string{labelStrict, labelStrict + " p99", labelOptimistic, labelOptimistic + " p99", labelGlobal, labelGlobal + " p99"}, p.Names())
 	g, _ := p.Get(labelGlobal)
 	require.GreaterOrEqual(t, g.Y[1], 20*0.94, "a far per-request decision takes the round trip")
+	o, _ := p.Get(labelOptimistic)
+	require.Less(t, o.Y[1], 10.0, "an optimistic decision does not wait for the far Redis")
+}
+
+// The figures committed under docs/img are the simulator's, whole: each a
+// PNG that decodes, an SVG that parses, and the JSON of the series the
+// command draws, with the lengths its flags make; and a document shows
+// each. (What they show is measured, not checked here: see
+// scripts/plots.sh.)
+func TestDocImages(t *testing.T) {
+	const dir = "../../docs/img"
+	docs := readDocs(t)
+	read := func(name string, panels int) chart.Figure {
+		t.Helper()
+		f, err := chart.Read(dir, name)
+		require.NoError(t, err, "%s: make it with scripts/plots.sh", name)
+		require.Len(t, f.Panels, panels, name)
+		require.True(t, strings.HasPrefix(f.Command, "go run ./cmd/ratelimit-sim "), "%s: %q", name, f.Command)
+		require.Contains(t, docs, "img/"+name+".png", "%s is shown in docs/", name)
+		return f
+	}
+	def, err := parseArgs(nil, &bytes.Buffer{}) // the defaults, lists parsed
+	require.NoError(t, err)
+	hl, gl := phaseLabels(def)
+
+	for _, name := range []string{figRate, figRoundTrips} {
+		p := read(name, 1).Panels[0]
+		require.Equal(t, []string{hl, gl}, p.Names(), name)
+		for _, s := range p.Series {
+			require.GreaterOrEqual(t, len(s.X), 40, "%s %s: about 50 samples a phase", name, s.Name)
+		}
+	}
+	p := read(figLatency, 1).Panels[0]
+	require.Equal(t, []string{hl, gl}, p.Names())
+	for _, s := range p.Series {
+		require.Equal(t, 1.0, s.Y[len(s.Y)-1])
+	}
+	p = read(figWindows, 1).Panels[0]
+	require.Equal(t, []string{hl + ": most for one key", gl + ": most for one key", hl + ": hottest key", gl + ": hottest key", "limit"}, p.Names())
+	for _, s := range p.Series[:4] {
+		require.Len(t, s.Y, int(def.duration/def.period)-1, "%s: the full windows of a 5s phase", s.Name)
+		for _, y := range s.Y {
+			require.LessOrEqual(t, y, float64(def.limit), s.Name)
+		}
+	}
+	lim, _ := p.Get("limit")
+	require.Equal(t, []float64{float64(def.limit), float64(def.limit)}, lim.Y)
+
+	f := read(figRegime, 2)
+	for _, p := range f.Panels {
+		require.Equal(t, kinds, p.Names())
+		for _, s := range p.Series {
+			require.Len(t, s.X, len(def.sweepKeys), "%s: one point per key count", s.Name)
+		}
+	}
+	for _, name := range []string{figMultiLatency, figMultiWaits} {
+		f := read(name, len(regimes))
+		for i, p := range f.Panels {
+			require.True(t, strings.HasPrefix(p.Title, regimes[i].name+" keys"), p.Title)
+			for _, s := range p.Series {
+				require.Equal(t, []float64{0, 20, 50, 100}, s.X, "%s %s", name, s.Name)
+			}
+		}
+	}
+}
+
+// readDocs returns every page of docs/ and the README, concatenated.
+func readDocs(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	pages, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	for _, p := range append(pages, "../../README.md") {
+		data, err := os.ReadFile(p)
+		require.NoError(t, err)
+		b.Write(data)
+	}
+	return b.String()
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -258,4 +259,27 @@ func checkFigures(t *testing.T, cfg config, res surgeResult) {
 		require.NotEmpty(t, s.Y, s.Name)
 		require.Equal(t, 1.0, s.Y[len(s.Y)-1], "%s: a distribution ends at 1", s.Name)
 	}
+}
+
+// The surge's figures committed under docs/img: a PNG that decodes, an SVG
+// that parses and the JSON of the series, shown in a document.
+func TestDocImages(t *testing.T) {
+	const dir = "../../docs/img"
+	page, err := os.ReadFile("../../docs/http.md")
+	require.NoError(t, err)
+	def := defaults()
+	f, err := chart.Read(dir, figRates)
+	require.NoError(t, err, "make it with scripts/plots.sh surge")
+	require.True(t, strings.HasPrefix(f.Command, "go run ./cmd/ratelimit-surge "), f.Command)
+	require.Contains(t, string(page), "img/"+figRates+".png")
+	require.Len(t, f.Panels, 2)
+	for _, p := range f.Panels {
+		require.Equal(t, []string{"served (2xx)", "429 (rate limited)", "failed (503, timeouts)", "backend capacity (400/s)"}, p.Names())
+		s, _ := p.Get("served (2xx)")
+		require.GreaterOrEqual(t, len(s.X), int(def.duration/time.Second), "a point per second of the phase")
+	}
+	f, err = chart.Read(dir, figLatency)
+	require.NoError(t, err)
+	require.Contains(t, string(page), "img/"+figLatency+".png")
+	require.Equal(t, []string{"served, without limiter", "served, with limiter", "429, with limiter"}, f.Panels[0].Names())
 }
