@@ -215,11 +215,13 @@ func TestWorkloadZipf(t *testing.T) {
 
 // --redis-latency puts the fault proxy between every client and Redis:
 // every per-request decision pays the round trip, while the hybrid answers
-// most decisions from memory.
+// most decisions from memory. An open loop, so that the test does not
+// take the CPU from the tests of other packages running beside it.
 func TestRedisLatency(t *testing.T) {
 	srv := redistest.Standalone(t)
 	const rtt = 20 * time.Millisecond
-	cfg, err := parseArgs(append(append([]string{}, tiny...), "--redis", srv.Addr(), "--redis-latency", rtt.String(), "--duration", "1s"), &bytes.Buffer{})
+	cfg, err := parseArgs(append(append([]string{}, tiny...), "--redis", srv.Addr(), "--redis-latency", rtt.String(),
+		"--duration", "1s", "--rate", "1000", "--workers", "16"), &bytes.Buffer{})
 	require.NoError(t, err)
 	var out bytes.Buffer
 	res, err := simulate(context.Background(), cfg, &out)
@@ -233,8 +235,9 @@ func TestRedisLatency(t *testing.T) {
 	require.Zero(t, g.errs, "%v", g.firstErr)
 	// The histogram's buckets are within 6%.
 	require.GreaterOrEqual(t, float64(g.lat.quantile(0.01)), 0.94*float64(rtt), "every global decision crosses the link")
-	require.Greater(t, h.decisions, 10*g.decisions)
+	require.Positive(t, h.decisions)
 	require.Less(t, h.lat.quantile(0.5), rtt/2, "most hybrid decisions do not wait")
+	require.Less(t, h.stats.Decisions-h.stats.LocalDecisions, h.stats.Decisions/2, "most hybrid decisions are taken in memory")
 	require.LessOrEqual(t, h.maxWin, cfg.limit)
 }
 
@@ -245,7 +248,7 @@ func TestSweep(t *testing.T) {
 	dir := t.TempDir()
 	var out bytes.Buffer
 	args := []string{"--redis", srv.Addr(), "--sweep", "--sweep-keys", "1,400", "--instances", "2", "--workers", "2",
-		"--duration", "600ms", "--timeout", "2s", "--plot", dir}
+		"--duration", "300ms", "--timeout", "2s", "--plot", dir}
 	require.NoError(t, run(context.Background(), args, &out))
 	s := out.String()
 	t.Log("\n" + s)
