@@ -1,8 +1,11 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +32,18 @@ type config struct {
 	seed         uint64
 	cpuProfile   string
 	fixInstances bool
+	redisLatency time.Duration // added to every Redis round trip (0: none)
+	plotDir      string        // where to write the figures ("": none)
+
+	// --sweep: instead of one run, the regime sweep over these key counts
+	sweep     bool
+	sweepKeys []int
+	// --multi-region: instead of one run, the multi-region matrix over
+	// these round-trip times
+	multiRegion bool
+	latencies   []time.Duration
+	limitSet    bool // --limit was given
+	workersSet  bool // --workers was given
 }
 
 func defaults() config {
@@ -71,10 +86,30 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.prefix, "prefix", c.prefix, "Redis key prefix (a run id and the phase are appended)")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the workload's random key choice")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of both phases to `file`")
+	fs.DurationVar(&c.redisLatency, "redis-latency", 0, "add this round-trip time between every instance and Redis (half each way), through internal/faultproxy: a Redis in another region (one Redis address or the embedded one; not a Cluster)")
+	fs.StringVar(&c.plotDir, "plot", "", "write the figures (PNG, SVG and their series as JSON) to `dir`")
+	fs.BoolVar(&c.sweep, "sweep", false, "the regime sweep instead of one run: for each of --sweep-keys, hybrid strict, hybrid optimistic and global, uniform keys, closed loop; prints a table and, with --plot, draws regime.png (the limit defaults to 100,000,000 so that no key is driven past it)")
+	sweepKeys := fs.String("sweep-keys", "1,10,100,1000,10000,100000", "the key counts of --sweep")
+	fs.BoolVar(&c.multiRegion, "multi-region", false, "the multi-region matrix instead of one run: hot, warm and cold workloads (uniform keys, 1s windows, an open loop of --rate, 2,000/s unless given), each with Redis near (0) and at every --latencies round trip, through hybrid strict, hybrid optimistic and global, every instance told the fleet size; prints a table and, with --plot, draws multi-region-latency.png and multi-region-waits.png (--workers defaults to 64 here)")
+	latencies := fs.String("latencies", "20ms,50ms,100ms", "the round-trip times of --multi-region")
 	if err := cli.Parse(fs, args, out); err != nil {
 		return c, err
 	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "limit":
+			c.limitSet = true
+		case "workers":
+			c.workersSet = true
+		}
+	})
 	var err error
+	if c.sweepKeys, err = parseInts(*sweepKeys); err != nil {
+		return c, fmt.Errorf("--sweep-keys: %w", err)
+	}
+	if c.latencies, err = parseDurations(*latencies); err != nil {
+		return c, fmt.Errorf("--latencies: %w", err)
+	}
 	if c.redisAddrs, err = cli.RedisAddrs(*redisAddr); err != nil {
 		return c, err
 	}
@@ -109,9 +144,61 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 		return c, fmt.Errorf("--timeout must be > 0, got %v", c.timeout)
 	case c.prefix == "" || strings.ContainsAny(c.prefix, "{}"):
 		return c, fmt.Errorf("--prefix %q must be non-empty and hold no braces", c.prefix)
+	case c.redisLatency < 0 || c.redisLatency > 10*time.Second:
+		return c, fmt.Errorf("--redis-latency must be in [0, 10s], got %v", c.redisLatency)
+	case (c.redisLatency > 0 || c.multiRegion) && len(c.redisAddrs) > 1:
+		return c, fmt.Errorf("--redis-latency and --multi-region need one Redis address, not a Cluster (its clients follow the nodes' own addresses, around the proxy)")
+	case c.sweep && c.multiRegion:
+		return c, fmt.Errorf("--sweep and --multi-region are two runs: choose one")
 	}
-	if w := c.duration/c.period + 4; int64(w)*int64(c.keys) > 1<<26 {
-		return c, fmt.Errorf("--keys %d x windows per phase %d is too many to tally; use fewer keys or a longer --period", c.keys, w)
+	for _, k := range c.sweepKeys {
+		if k < 1 || k > 10_000_000 {
+			return c, fmt.Errorf("--sweep-keys: %d is not in [1, 10000000]", k)
+		}
+	}
+	for _, l := range c.latencies {
+		if l <= 0 || l > 10*time.Second {
+			return c, fmt.Errorf("--latencies: %v is not in (0, 10s]", l)
+		}
+	}
+	keys := c.keys
+	if c.sweep {
+		keys = slices.Max(c.sweepKeys)
+	}
+	if w := c.duration/c.period + 4; int64(w)*int64(keys) > 1<<26 {
+		return c, fmt.Errorf("--keys %d x windows per phase %d is too many to tally; use fewer keys or a longer --period", keys, w)
+	}
+	if c.sweep && !c.limitSet {
+		c.limit = sweepLimit
+	}
+	if c.multiRegion && !c.workersSet {
+		c.workers = multiRegionWorkers
 	}
 	return c, nil
+}
+
+// parseInts reads a comma-separated list of integers.
+func parseInts(v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// parseDurations reads a comma-separated list of durations.
+func parseDurations(v string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(v, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }

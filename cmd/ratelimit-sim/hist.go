@@ -60,6 +60,21 @@ func (h *hist) count() uint64 {
 	return t
 }
 
+// mean returns the mean of the recorded values (each taken as its
+// bucket's middle), 0 for an empty histogram.
+func (h *hist) mean() time.Duration {
+	var n uint64
+	var sum float64
+	for i, v := range h.n {
+		n += v
+		sum += float64(v) * bucketMid(i)
+	}
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(sum / float64(n))
+}
+
 // quantile returns the q-quantile (0 < q <= 1), or 0 for an empty histogram.
 func (h *hist) quantile(q float64) time.Duration {
 	total := h.count()

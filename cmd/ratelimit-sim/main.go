@@ -7,6 +7,10 @@
 //	go run ./cmd/ratelimit-sim                     # embedded miniredis
 //	go run ./cmd/ratelimit-sim --redis 127.0.0.1:6379
 //	go run ./cmd/ratelimit-sim --redis h1:7000,h2:7001,h3:7002   # Cluster
+//	go run ./cmd/ratelimit-sim --plot docs/img     # also draw it: PNG, SVG, JSON
+//	go run ./cmd/ratelimit-sim --redis-latency 50ms  # Redis 50ms away (faultproxy)
+//	go run ./cmd/ratelimit-sim --sweep --plot docs/img          # regime sweep
+//	go run ./cmd/ratelimit-sim --multi-region --plot docs/img   # near and far
 //
 // Run with -h for every flag.
 package main

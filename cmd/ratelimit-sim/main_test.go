@@ -6,12 +6,17 @@ import (
 	"errors"
 	"flag"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit/internal/chart"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
 
 // tiny flags: two short phases on the embedded miniredis. The long timeout
@@ -23,13 +28,15 @@ var tiny = []string{
 }
 
 func TestSimulateTiny(t *testing.T) {
-	cfg, err := parseArgs(tiny, &bytes.Buffer{})
+	dir := t.TempDir()
+	cfg, err := parseArgs(append(append([]string{}, tiny...), "--plot", dir), &bytes.Buffer{})
 	require.NoError(t, err)
 	var out bytes.Buffer
 	res, err := simulate(context.Background(), cfg, &out)
 	require.NoError(t, err)
 	printReport(&out, cfg, res)
 	t.Log("\n" + out.String())
+	checkRunFigures(t, cfg, res, runFigures(cfg, res, "test"), dir)
 
 	for _, r := range []phaseResult{res.hybrid, res.global} {
 		require.Positive(t, r.decisions, r.name)
@@ -52,8 +59,68 @@ func TestSimulateTiny(t *testing.T) {
 		"round trips per decision: global / hybrid", "strict bound, max allowed per key-window <= limit = 200: held"} {
 		require.Contains(t, s, want)
 	}
-	require.Contains(t, s, "  hybrid   1.0s  decisions", "progress line")
-	require.Contains(t, s, "  global   1.0s  decisions", "progress line")
+	// A progress line a second into each phase (later on a busy host).
+	require.Regexp(t, `(?m)^  hybrid +[0-9]+\.[0-9]s  decisions`, s, "progress line")
+	require.Regexp(t, `(?m)^  global +[0-9]+\.[0-9]s  decisions`, s, "progress line")
+	// On the embedded Redis the ratio is said to be against a slow
+	// baseline, with the command for a real one.
+	require.Contains(t, s, "both on the embedded miniredis: see the note below")
+	require.Contains(t, s, "note: this run used the embedded miniredis")
+	require.Contains(t, s, "go run ./cmd/ratelimit-sim --redis 127.0.0.1:6399")
+}
+
+// checkRunFigures writes figs to dir and checks what each holds against
+// the run's own results: the series of both phases, one point per sample
+// interval, per full window, per latency bucket used.
+func checkRunFigures(t *testing.T, cfg config, res *results, figs []chart.Figure, dir string) {
+	t.Helper()
+	files, err := writeFigures(dir, figs)
+	require.NoError(t, err)
+	require.Len(t, files, 4)
+	hl, gl := phaseLabels(cfg)
+	read := func(name string) chart.Panel {
+		f, err := chart.Read(dir, name)
+		require.NoError(t, err, name)
+		require.Equal(t, "test", f.Command)
+		require.Len(t, f.Panels, 1, name)
+		return f.Panels[0]
+	}
+	get := func(p chart.Panel, name string) chart.Series {
+		s, ok := p.Get(name)
+		require.True(t, ok, "series %q in %v", name, p.Names())
+		return s
+	}
+	for _, name := range []string{figRate, figRoundTrips} {
+		p := read(name)
+		require.Equal(t, []string{hl, gl}, p.Names(), name)
+		require.Len(t, get(p, hl).X, len(res.hybrid.samples)-1, name)
+		require.Len(t, get(p, gl).X, len(res.global.samples)-1, name)
+		require.GreaterOrEqual(t, len(res.hybrid.samples), 10, "about 50 samples a phase")
+	}
+	// The rate series add up to the decisions (each interval's rate x its length).
+	rate := get(read(figRate), gl)
+	var sum, prev float64
+	for i, x := range rate.X {
+		sum += rate.Y[i] * (x - prev)
+		prev = x
+	}
+	require.InEpsilon(t, float64(res.global.decisions), sum, 0.01)
+
+	lat := read(figLatency)
+	require.Equal(t, []string{hl, gl}, lat.Names())
+	for _, name := range []string{hl, gl} {
+		s := get(lat, name)
+		require.NotEmpty(t, s.X)
+		require.Equal(t, 1.0, s.Y[len(s.Y)-1], "a distribution ends at 1")
+	}
+	win := read(figWindows)
+	require.Equal(t, []string{hl + ": most for one key", gl + ": most for one key", hl + ": hottest key", gl + ": hottest key", "limit"}, win.Names())
+	require.Len(t, get(win, hl+": most for one key").Y, res.hybrid.fullWindows)
+	require.Len(t, get(win, gl+": hottest key").Y, res.global.fullWindows)
+	for _, y := range get(win, hl+": most for one key").Y {
+		require.LessOrEqual(t, y, float64(cfg.limit))
+	}
+	require.Equal(t, []float64{float64(cfg.limit), float64(cfg.limit)}, get(win, "limit").Y)
 }
 
 func TestRunOptimistic(t *testing.T) {
@@ -85,6 +152,10 @@ func TestBadFlags(t *testing.T) {
 		{"--prefix", ""}, {"--prefix", "a{b}"}, {"--redis", "a:1,,b:2"},
 		{"--bogus"}, {"--instances", "x"}, {"extra"},
 		{"--keys", "10000000", "--period", "1ms", "--duration", "1s"},
+		{"--redis-latency", "-1ms"}, {"--redis-latency", "1m"}, {"--redis", "a:1,b:2", "--redis-latency", "20ms"},
+		{"--redis", "a:1,b:2", "--multi-region"}, {"--sweep", "--multi-region"},
+		{"--sweep-keys", "1,x"}, {"--sweep-keys", "0"}, {"--latencies", "20ms,0"}, {"--latencies", "fast"},
+		{"--sweep", "--sweep-keys", "10000000", "--period", "1ms", "--duration", "1s"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), args, &out)
@@ -140,4 +211,185 @@ func TestWorkloadZipf(t *testing.T) {
 	require.InEpsilon(t, w.share[9], float64(counts[9])/n, 0.1)
 	require.Positive(t, counts[99])
 	require.True(t, strings.HasPrefix(w.keys[0], "user:"))
+}
+
+// --redis-latency puts the fault proxy between every client and Redis:
+// every per-request decision pays the round trip, while the hybrid answers
+// most decisions from memory. An open loop, so that the test does not
+// take the CPU from the tests of other packages running beside it.
+func TestRedisLatency(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const rtt = 20 * time.Millisecond
+	cfg, err := parseArgs(append(append([]string{}, tiny...), "--redis", srv.Addr(), "--redis-latency", rtt.String(),
+		"--duration", "1s", "--rate", "1000", "--workers", "16"), &bytes.Buffer{})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	res, err := simulate(context.Background(), cfg, &out)
+	require.NoError(t, err)
+	printReport(&out, cfg, res)
+	t.Log("\n" + out.String())
+	require.Contains(t, out.String(), "20ms away (every round trip +20ms, through internal/faultproxy)")
+	require.NotContains(t, out.String(), "note: this run used the embedded miniredis")
+	g, h := res.global, res.hybrid
+	require.Positive(t, g.decisions)
+	require.Zero(t, g.errs, "%v", g.firstErr)
+	// The histogram's buckets are within 6%.
+	require.GreaterOrEqual(t, float64(g.lat.quantile(0.01)), 0.94*float64(rtt), "every global decision crosses the link")
+	require.Positive(t, h.decisions)
+	require.Less(t, h.lat.quantile(0.5), rtt/2, "most hybrid decisions do not wait")
+	require.Less(t, h.stats.Decisions-h.stats.LocalDecisions, h.stats.Decisions/2, "most hybrid decisions are taken in memory")
+	require.LessOrEqual(t, h.maxWin, cfg.limit)
+}
+
+// --sweep runs the three limiters at each key count and draws round trips
+// per decision and decisions/s against u.
+func TestSweep(t *testing.T) {
+	srv := redistest.Standalone(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	args := []string{"--redis", srv.Addr(), "--sweep", "--sweep-keys", "1,400", "--instances", "2", "--workers", "2",
+		"--duration", "300ms", "--timeout", "2s", "--plot", dir}
+	require.NoError(t, run(context.Background(), args, &out))
+	s := out.String()
+	t.Log("\n" + s)
+	require.Contains(t, s, "limit 100,000,000 per 1s per key")
+	require.Contains(t, s, "| keys | limiter | u | decisions/s | round trips / decision |")
+	f, err := chart.Read(dir, figRegime)
+	require.NoError(t, err)
+	require.Equal(t, commandLine(args), f.Command)
+	require.Len(t, f.Panels, 2)
+	for _, p := range f.Panels {
+		require.Equal(t, kinds, p.Names())
+		for _, sr := range p.Series {
+			require.Len(t, sr.X, 2, "%s: one point per key count", sr.Name)
+			require.Greater(t, sr.X[0], sr.X[1], "%s: u falls as keys grow", sr.Name)
+		}
+	}
+	rt, _ := f.Panel("Redis round trips per decision")
+	g, _ := rt.Get(labelGlobal)
+	h, _ := rt.Get(labelStrict)
+	require.GreaterOrEqual(t, g.Y[0], 1.0, "per request: a round trip per decision")
+	require.Less(t, h.Y[0], 0.1, "one hot key: the hybrid answers from its lease")
+}
+
+// --multi-region runs every regime near and far, through the three
+// limiters, and draws each against the round trip.
+func TestMultiRegion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("18 short phases")
+	}
+	srv := redistest.Standalone(t)
+	dir := t.TempDir()
+	var out bytes.Buffer
+	args := []string{"--redis", srv.Addr(), "--multi-region", "--latencies", "20ms", "--instances", "2", "--workers", "16",
+		"--rate", "400", "--duration", "500ms", "--timeout", "2s", "--plot", dir}
+	require.NoError(t, run(context.Background(), args, &out))
+	s := out.String()
+	t.Log("\n" + s)
+	require.Contains(t, s, "open loop: 400 decisions/s offered")
+	require.Contains(t, s, "| regime | round trip added | limiter | decisions/s | p50 | p99 | waited on Redis | in flight | no reply in time |")
+	require.Contains(t, s, "| cold | 20ms | global (per request) |")
+	require.Contains(t, s, "| hot | 0s | hybrid strict |")
+	for _, name := range []string{figMultiLatency, figMultiWaits} {
+		f, err := chart.Read(dir, name)
+		require.NoError(t, err)
+		require.Len(t, f.Panels, len(regimes), name)
+		for i, p := range f.Panels {
+			require.True(t, strings.HasPrefix(p.Title, regimes[i].name+" keys"), p.Title)
+			for _, sr := range p.Series {
+				require.Equal(t, []float64{0, 20}, sr.X, "%s %s", name, sr.Name)
+			}
+		}
+	}
+	f, err := chart.Read(dir, figMultiWaits)
+	require.NoError(t, err)
+	for _, p := range f.Panels {
+		require.Equal(t, kinds, p.Names())
+		g, _ := p.Get(labelGlobal)
+		require.Equal(t, []float64{100, 100}, g.Y, "every per-request decision waits")
+	}
+	f, err = chart.Read(dir, figMultiLatency)
+	require.NoError(t, err)
+	p, _ := f.Panel("cold")
+	require.Equal(t, []string{labelStrict, labelStrict + " p99", labelOptimistic, labelOptimistic + " p99", labelGlobal, labelGlobal + " p99"}, p.Names())
+	g, _ := p.Get(labelGlobal)
+	require.GreaterOrEqual(t, g.Y[1], 20*0.94, "a far per-request decision takes the round trip")
+	o, _ := p.Get(labelOptimistic)
+	require.Less(t, o.Y[1], 10.0, "an optimistic decision does not wait for the far Redis")
+}
+
+// The figures committed under docs/img are the simulator's, whole: each a
+// PNG that decodes, an SVG that parses, and the JSON of the series the
+// command draws, with the lengths its flags make; and a document shows
+// each. (What they show is measured, not checked here: see
+// scripts/plots.sh.)
+func TestDocImages(t *testing.T) {
+	const dir = "../../docs/img"
+	docs := readDocs(t)
+	read := func(name string, panels int) chart.Figure {
+		t.Helper()
+		f, err := chart.Read(dir, name)
+		require.NoError(t, err, "%s: make it with scripts/plots.sh", name)
+		require.Len(t, f.Panels, panels, name)
+		require.True(t, strings.HasPrefix(f.Command, "go run ./cmd/ratelimit-sim "), "%s: %q", name, f.Command)
+		require.Contains(t, docs, "img/"+name+".png", "%s is shown in docs/", name)
+		return f
+	}
+	def, err := parseArgs(nil, &bytes.Buffer{}) // the defaults, lists parsed
+	require.NoError(t, err)
+	hl, gl := phaseLabels(def)
+
+	for _, name := range []string{figRate, figRoundTrips} {
+		p := read(name, 1).Panels[0]
+		require.Equal(t, []string{hl, gl}, p.Names(), name)
+		for _, s := range p.Series {
+			require.GreaterOrEqual(t, len(s.X), 40, "%s %s: about 50 samples a phase", name, s.Name)
+		}
+	}
+	p := read(figLatency, 1).Panels[0]
+	require.Equal(t, []string{hl, gl}, p.Names())
+	for _, s := range p.Series {
+		require.Equal(t, 1.0, s.Y[len(s.Y)-1])
+	}
+	p = read(figWindows, 1).Panels[0]
+	require.Equal(t, []string{hl + ": most for one key", gl + ": most for one key", hl + ": hottest key", gl + ": hottest key", "limit"}, p.Names())
+	for _, s := range p.Series[:4] {
+		require.Len(t, s.Y, int(def.duration/def.period)-1, "%s: the full windows of a 5s phase", s.Name)
+		for _, y := range s.Y {
+			require.LessOrEqual(t, y, float64(def.limit), s.Name)
+		}
+	}
+	lim, _ := p.Get("limit")
+	require.Equal(t, []float64{float64(def.limit), float64(def.limit)}, lim.Y)
+
+	f := read(figRegime, 2)
+	for _, p := range f.Panels {
+		require.Equal(t, kinds, p.Names())
+		for _, s := range p.Series {
+			require.Len(t, s.X, len(def.sweepKeys), "%s: one point per key count", s.Name)
+		}
+	}
+	for _, name := range []string{figMultiLatency, figMultiWaits} {
+		f := read(name, len(regimes))
+		for i, p := range f.Panels {
+			require.True(t, strings.HasPrefix(p.Title, regimes[i].name+" keys"), p.Title)
+			for _, s := range p.Series {
+				require.Equal(t, []float64{0, 20, 50, 100}, s.X, "%s %s", name, s.Name)
+			}
+		}
+	}
+}
+
+// readDocs returns every page of docs/ and the README, concatenated.
+func readDocs(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	pages, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	for _, p := range append(pages, "../../README.md") {
+		data, err := os.ReadFile(p)
+		require.NoError(t, err)
+		b.Write(data)
+	}
+	return b.String()
 }

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
@@ -43,19 +45,33 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	switch {
+	case cfg.sweep:
+		return sweep(ctx, cfg, stdout, commandLine(args))
+	case cfg.multiRegion:
+		return multiRegion(ctx, cfg, stdout, commandLine(args))
+	}
 	res, err := simulate(ctx, cfg, stdout)
 	if err != nil {
 		return err
 	}
 	printReport(stdout, cfg, res)
+	if cfg.plotDir != "" {
+		files, err := writeFigures(cfg.plotDir, runFigures(cfg, res, commandLine(args)))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "figures (with .svg and .json beside each): %s\n", strings.Join(files, " "))
+	}
 	return nil
 }
 
 // results are what simulate measured.
 type results struct {
-	backend string
-	hybrid  phaseResult
-	global  phaseResult
+	backend  string
+	embedded bool // the embedded miniredis, not a real Redis
+	hybrid   phaseResult
+	global   phaseResult
 }
 
 // epoch is the base of mono, the monotonic clock every measurement uses.
@@ -63,131 +79,187 @@ var epoch = time.Now()
 
 func mono() int64 { return int64(time.Since(epoch)) }
 
-func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) {
-	res := &results{}
-	addrs := cfg.redisAddrs
-	if len(addrs) == 0 {
+// backend is the Redis the phases run against: the embedded miniredis or
+// the --redis addresses, behind a fault proxy adding --redis-latency when
+// asked.
+type backend struct {
+	addrs    []string // what the clients dial
+	desc     string
+	embedded bool
+	baseUS   int64 // Redis server time, in microseconds since the epoch, at mono 0
+	closers  []func()
+}
+
+func (b *backend) close() {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		b.closers[i]()
+	}
+}
+
+// openBackend starts the embedded miniredis when no address is given, and
+// a delaying proxy in front of Redis when latency > 0, and reads the
+// server's time.
+func openBackend(ctx context.Context, redisAddrs []string, latency time.Duration) (*backend, error) {
+	b := &backend{addrs: redisAddrs}
+	switch {
+	case len(redisAddrs) == 0:
 		mr, err := miniredis.Run()
 		if err != nil {
 			return nil, fmt.Errorf("embedded miniredis: %w", err)
 		}
-		defer mr.Close()
-		addrs = []string{mr.Addr()}
-		res.backend = "embedded miniredis (in-process, Lua interpreted in Go)"
-	} else if len(addrs) == 1 {
-		res.backend = "redis " + addrs[0]
-	} else {
-		res.backend = fmt.Sprintf("redis cluster %v", addrs)
+		b.closers = append(b.closers, mr.Close)
+		b.addrs, b.embedded = []string{mr.Addr()}, true
+		b.desc = "embedded miniredis (in-process, Lua interpreted in Go)"
+	case len(redisAddrs) == 1:
+		b.desc = "redis " + redisAddrs[0]
+	default:
+		b.desc = fmt.Sprintf("redis cluster %v", redisAddrs)
 	}
-
+	if latency > 0 {
+		// One address (parseArgs refuses a Cluster with a latency: its
+		// clients follow the nodes' own addresses, around any proxy).
+		px, err := faultproxy.New(b.addrs[0])
+		if err != nil {
+			b.close()
+			return nil, fmt.Errorf("latency proxy: %w", err)
+		}
+		px.SetDelay(latency / 2)
+		b.closers = append(b.closers, func() { px.Close() })
+		b.addrs = []string{px.Addr()}
+		b.desc += fmt.Sprintf(", %v away (every round trip +%v, through internal/faultproxy)", latency, latency)
+	}
 	// Server time at mono 0, so that decisions are attributed to the
 	// windows Redis counts in whatever this machine's clock says.
-	probe, _ := newClient(addrs)
+	probe, _ := newClient(b.addrs, 1)
 	baseUS, err := serverBase(ctx, probe)
 	probe.Close()
 	if err != nil {
-		return nil, fmt.Errorf("redis %v: %w", addrs, err)
+		b.close()
+		return nil, fmt.Errorf("redis %v: %w", redisAddrs, err)
 	}
+	b.baseUS = baseUS
+	return b, nil
+}
 
-	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) {
+	be, err := openBackend(ctx, cfg.redisAddrs, cfg.redisLatency)
+	if err != nil {
+		return nil, err
+	}
+	defer be.close()
+	res := &results{backend: be.desc, embedded: be.embedded}
 	wl := newWorkload(cfg.keys, cfg.zipf)
 	runID := fmt.Sprintf("%x", uint32(time.Now().UnixNano()))
 	printHeader(out, cfg, res.backend, wl)
 
 	// Phase 1: the hybrid fleet.
-	{
-		prefix := cfg.prefix + ":" + runID + ":hybrid"
-		var (
-			lims []ratelimit.Limiter
-			hs   []*hybrid.Limiter
-			rts  []*rtcount.Hook
-			cls  []redis.UniversalClient
-		)
-		closeAll := func() error {
-			// In parallel, as separate processes would shut down.
-			errs := make([]error, len(hs))
-			var wg sync.WaitGroup
-			for i, h := range hs {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					errs[i] = h.Close()
-				}()
-			}
-			wg.Wait()
-			for _, c := range cls {
-				c.Close()
-			}
-			return errors.Join(errs...)
-		}
-		opts := []hybrid.Option{
-			hybrid.WithPrefix(prefix),
-			hybrid.WithSyncInterval(cfg.sync),
-			hybrid.WithMode(cfg.mode),
-			hybrid.WithTimeout(cfg.timeout),
-		}
-		if cfg.fixInstances {
-			opts = append(opts, hybrid.WithInstances(cfg.instances))
-		}
-		for i := 0; i < cfg.instances; i++ {
-			c, rt := newClient(addrs)
-			cls, rts = append(cls, c), append(rts, rt)
-			h, err := hybrid.New(c, limit, append(opts, hybrid.WithInstanceID(fmt.Sprintf("sim-%s-%d", runID, i)))...)
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("hybrid.New: %w", err)
-			}
-			hs, lims = append(hs, h), append(lims, h)
-		}
-		instLo, instHi := math.MaxInt, 0
-		r := runPhase(ctx, out, "hybrid", cfg, wl, lims, rts, baseUS, func() hybrid.Stats {
-			var s hybrid.Stats
-			for _, h := range hs {
-				x := h.Stats()
-				addStats(&s, x)
-				instLo, instHi = min(instLo, x.Instances), max(instHi, x.Instances)
-			}
-			return s
-		})
-		if err := closeAll(); err != nil && r.firstErr == nil {
-			r.firstErr = fmt.Errorf("close: %w", err)
-		}
-		r.instLo, r.instHi = instLo, instHi
-		res.hybrid = r
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	if res.hybrid, err = hybridPhase(ctx, out, cfg, be, wl, runID, "hybrid"); err != nil {
+		return nil, err
 	}
-
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// Phase 2: the same workload, one global (per-request) decision each.
-	{
-		prefix := cfg.prefix + ":" + runID + ":global"
-		var (
-			lims []ratelimit.Limiter
-			rts  []*rtcount.Hook
-			cls  []redis.UniversalClient
-		)
-		for i := 0; i < cfg.instances; i++ {
-			c, rt := newClient(addrs)
-			cls, rts = append(cls, c), append(rts, rt)
-			g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
-			if err != nil {
-				for _, c := range cls {
-					c.Close()
-				}
-				return nil, fmt.Errorf("global.New: %w", err)
-			}
-			lims = append(lims, g)
+	if res.global, err = globalPhase(ctx, out, cfg, be, wl, runID, "global"); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// hybridPhase runs cfg.instances hybrid limiters (mode cfg.mode) through
+// the workload; name labels the progress lines and the Redis prefix.
+func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl *workload, runID, name string) (phaseResult, error) {
+	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+	prefix := cfg.prefix + ":" + runID + ":" + name
+	var (
+		lims []ratelimit.Limiter
+		hs   []*hybrid.Limiter
+		rts  []*rtcount.Hook
+		cls  []redis.UniversalClient
+	)
+	closeAll := func() error {
+		// In parallel, as separate processes would shut down.
+		errs := make([]error, len(hs))
+		var wg sync.WaitGroup
+		for i, h := range hs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = h.Close()
+			}()
 		}
-		res.global = runPhase(ctx, out, "global", cfg, wl, lims, rts, baseUS, nil)
+		wg.Wait()
 		for _, c := range cls {
 			c.Close()
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+		return errors.Join(errs...)
 	}
-	return res, nil
+	opts := []hybrid.Option{
+		hybrid.WithPrefix(prefix),
+		hybrid.WithSyncInterval(cfg.sync),
+		hybrid.WithMode(cfg.mode),
+		hybrid.WithTimeout(cfg.timeout),
+	}
+	if cfg.fixInstances {
+		opts = append(opts, hybrid.WithInstances(cfg.instances))
+	}
+	for i := 0; i < cfg.instances; i++ {
+		c, rt := newClient(be.addrs, cfg.workers)
+		warmPool(ctx, c, cfg.workers)
+		cls, rts = append(cls, c), append(rts, rt)
+		h, err := hybrid.New(c, limit, append(opts, hybrid.WithInstanceID(fmt.Sprintf("sim-%s-%s-%d", runID, name, i)))...)
+		if err != nil {
+			closeAll()
+			return phaseResult{}, fmt.Errorf("hybrid.New: %w", err)
+		}
+		hs, lims = append(hs, h), append(lims, h)
+	}
+	instLo, instHi := math.MaxInt, 0
+	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, func() hybrid.Stats {
+		var s hybrid.Stats
+		for _, h := range hs {
+			x := h.Stats()
+			addStats(&s, x)
+			instLo, instHi = min(instLo, x.Instances), max(instHi, x.Instances)
+		}
+		return s
+	})
+	if err := closeAll(); err != nil && r.firstErr == nil {
+		r.firstErr = fmt.Errorf("close: %w", err)
+	}
+	r.instLo, r.instHi = instLo, instHi
+	return r, nil
+}
+
+// globalPhase runs the workload through cfg.instances per-request global
+// FixedWindow limiters.
+func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl *workload, runID, name string) (phaseResult, error) {
+	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+	prefix := cfg.prefix + ":" + runID + ":" + name
+	var (
+		lims []ratelimit.Limiter
+		rts  []*rtcount.Hook
+		cls  []redis.UniversalClient
+	)
+	defer func() {
+		for _, c := range cls {
+			c.Close()
+		}
+	}()
+	for i := 0; i < cfg.instances; i++ {
+		c, rt := newClient(be.addrs, cfg.workers)
+		warmPool(ctx, c, cfg.workers)
+		cls, rts = append(cls, c), append(rts, rt)
+		g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
+		if err != nil {
+			return phaseResult{}, fmt.Errorf("global.New: %w", err)
+		}
+		lims = append(lims, g)
+	}
+	return runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, nil), nil
 }
 
 func addStats(s *hybrid.Stats, x hybrid.Stats) {
@@ -226,11 +298,34 @@ func serverBase(ctx context.Context, c redis.UniversalClient) (int64, error) {
 // with a hook counting its round trips: one per command, one per pipeline.
 // For a Cluster the hook sits on every node's client, so a pipeline split
 // over three nodes counts three.
-func newClient(addrs []string) (redis.UniversalClient, *rtcount.Hook) {
+//
+// The pool holds a connection for every worker and some for the hybrid's
+// own calls, so that a far Redis (--redis-latency) does not make workers
+// queue for connections as well as for replies.
+func newClient(addrs []string, workers int) (redis.UniversalClient, *rtcount.Hook) {
 	rt := &rtcount.Hook{}
-	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs})
+	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, PoolSize: max(workers+8, 10*runtime.GOMAXPROCS(0))})
 	rtcount.Attach(c, rt)
 	return c, rt
+}
+
+// warmPool opens n connections of c (n PINGs at once) before a phase, as a
+// running service has its pool open: otherwise the phase's first decisions
+// would measure a storm of connection set-ups (at 1,024 workers, p99s of
+// hundreds of milliseconds with no latency added). Errors are left to the
+// phase.
+func warmPool(ctx context.Context, c redis.UniversalClient, n int) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Ping(ctx)
+		}()
+	}
+	wg.Wait()
 }
 
 func sumRT(rts []*rtcount.Hook) (trips, cmds uint64) {
@@ -265,6 +360,27 @@ type phaseResult struct {
 	instLo      int         // instances sharing the quota as the hybrid instances saw it at the end
 	instHi      int
 	hot         []int // allowed per full window of the hottest key (key 0)
+	winMax      []int // the most allowed for one key, per full window
+
+	samples []sample // progress through the phase, about every sampleEvery
+}
+
+// slowDecision is a decision long enough that publishing the worker's
+// progress after it costs nothing in comparison.
+const slowDecision = int64(50 * time.Microsecond)
+
+// sample is where a phase stood at a moment: decisions taken (as the
+// workers last published them, every 16 decisions) and round trips sent.
+type sample struct {
+	at         time.Duration // since the phase started
+	decisions  uint64
+	roundTrips uint64
+}
+
+// sampleEvery is the time between two samples of a phase of duration d:
+// about 50 per phase, at least 50ms apart.
+func sampleEvery(d time.Duration) time.Duration {
+	return min(max(d/50, 50*time.Millisecond), time.Second)
 }
 
 // keyWindow is what one key admitted in window idx.
@@ -286,9 +402,10 @@ type worker struct {
 }
 
 // tally counts allowed decisions per key and window. A decision belongs to
-// the window that ends ResetAfter after it was taken; the server time of
-// that end, rounded to the nearest window boundary, names the window (the
-// same attribution the hybrid package's tests use).
+// the window that ends ResetAfter after it was taken (the middle of the
+// call, on this side); the server time of that end, rounded to the
+// nearest window boundary, names the window (the same attribution the
+// hybrid package's tests use).
 type tally struct {
 	p      int64 // period in microseconds
 	first  int64 // window index of slot 0
@@ -352,7 +469,6 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 			defer wg.Done()
 			for j := uint64(0); !stop.Load(); j++ {
 				if j&15 == 0 {
-					w.progress.Store(w.decisions)
 					// A request handler does I/O between decisions and so
 					// yields; a tight loop would not, and with dozens of
 					// them on a few cores the goroutines waiting on Redis
@@ -381,9 +497,19 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 				}
 				w.lat.record(time.Duration(t1 - t0))
 				w.decisions++
+				if j&15 == 0 || t1-t0 > slowDecision {
+					// Published every 16 decisions, and after every slow
+					// one: with a far Redis 16 decisions may take a
+					// second, too coarse for the samples.
+					w.progress.Store(w.decisions)
+				}
 				if d.Allowed {
 					w.allowed++
-					t.add(k, t1+int64(d.ResetAfter))
+					// Redis decided between t0 and t1: the middle
+					// is at most half the wait off, so a far or slow
+					// Redis (waits up to a period) does not push the
+					// decision into the next window.
+					t.add(k, (t0+t1)/2+int64(d.ResetAfter))
 				} else {
 					w.denied++
 					t.deny(k, t1, w.lastDenied)
@@ -392,9 +518,20 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 		}()
 	}
 
-	// Stop at the deadline or on ctx; print progress every second.
+	// Stop at the deadline or on ctx; print progress every second, sample
+	// more often.
 	deadline := time.NewTimer(cfg.duration)
 	tick := time.NewTicker(time.Second)
+	samp := time.NewTicker(sampleEvery(cfg.duration))
+	defer samp.Stop()
+	progress := func() uint64 {
+		var n uint64
+		for _, w := range workers {
+			n += w.progress.Load()
+		}
+		return n
+	}
+	r.samples = append(r.samples, sample{})
 	var last uint64
 	lastAt := start
 loop:
@@ -404,6 +541,9 @@ loop:
 			break loop
 		case <-deadline.C:
 			break loop
+		case <-samp.C:
+			rt, _ := sumRT(rts)
+			r.samples = append(r.samples, sample{at: time.Duration(mono() - start), decisions: progress(), roundTrips: rt - rt0})
 		case <-tick.C:
 			var n uint64
 			for _, w := range workers {
@@ -437,6 +577,7 @@ loop:
 		}
 		r.lat.merge(&w.lat)
 	}
+	r.samples = append(r.samples, sample{at: r.elapsed, decisions: r.decisions, roundTrips: r.roundTrips})
 
 	// Windows: the strict bound holds for every window; utilisation is
 	// judged on full windows of the keys that were driven past the limit.
@@ -465,6 +606,12 @@ loop:
 			}
 			if k == 0 && full {
 				r.hot = append(r.hot, n)
+			}
+			if full {
+				for len(r.winMax) <= int(idx-firstFull) {
+					r.winMax = append(r.winMax, 0)
+				}
+				r.winMax[idx-firstFull] = max(r.winMax[idx-firstFull], n)
 			}
 		}
 	}

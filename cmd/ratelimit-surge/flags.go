@@ -46,6 +46,7 @@ type config struct {
 	duration time.Duration // per phase
 	progress time.Duration // between progress lines
 	seed     uint64
+	plotDir  string // where to write the figures ("": none)
 }
 
 func defaults() config {
@@ -125,6 +126,7 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&c.duration, "duration", c.duration, "how long each phase sends requests")
 	fs.DurationVar(&c.progress, "progress", c.progress, "interval between progress lines")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the clients' think times")
+	fs.StringVar(&c.plotDir, "plot", "", "write the figures (PNG, SVG and their series as JSON) to `dir`")
 	if err := cli.Parse(fs, args, out); err != nil {
 		return c, err
 	}

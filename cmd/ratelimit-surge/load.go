@@ -82,6 +82,7 @@ type phaseResult struct {
 
 	servedLat []time.Duration // sorted
 	deniedLat []time.Duration // sorted
+	perSecond []secondCounts  // answers by the second of the phase they came in
 
 	backendServed int64 // requests the backend served while the clients sent
 
@@ -96,34 +97,45 @@ type phaseResult struct {
 // recorder collects the answers of one phase.
 type recorder struct {
 	requests, served, denied, failed atomic.Int64
+	start                            time.Time // when the clients began sending
 
 	mu        sync.Mutex
 	servedLat []time.Duration
 	deniedLat []time.Duration
+	perSecond []secondCounts // by the second of the phase the answer came in
 	firstErr  string
+}
+
+// secondCounts are the answers that came in during one second of a phase.
+type secondCounts struct{ served, denied, failed int64 }
+
+// second returns the counts of the second the phase is in now; r.mu held.
+func (r *recorder) second() *secondCounts {
+	i := max(int(time.Since(r.start)/time.Second), 0)
+	for len(r.perSecond) <= i {
+		r.perSecond = append(r.perSecond, secondCounts{})
+	}
+	return &r.perSecond[i]
 }
 
 func (r *recorder) record(status int, lat time.Duration, err error) {
 	r.requests.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	switch {
 	case err == nil && status >= 200 && status < 300:
 		r.served.Add(1)
-		r.mu.Lock()
 		r.servedLat = append(r.servedLat, lat)
-		r.mu.Unlock()
+		r.second().served++
 	case err == nil && status == http.StatusTooManyRequests:
 		r.denied.Add(1)
-		r.mu.Lock()
 		r.deniedLat = append(r.deniedLat, lat)
-		r.mu.Unlock()
+		r.second().denied++
 	default:
 		r.failed.Add(1)
-		if err != nil {
-			r.mu.Lock()
-			if r.firstErr == "" {
-				r.firstErr = err.Error()
-			}
-			r.mu.Unlock()
+		r.second().failed++
+		if err != nil && r.firstErr == "" {
+			r.firstErr = err.Error()
 		}
 	}
 }
@@ -147,13 +159,16 @@ func runPhase(ctx context.Context, cfg config, name string, newClient func() red
 	tr := newTransport()
 	defer tr.CloseIdleConnections()
 	httpClient := &http.Client{Transport: tr}
-	rec := &recorder{}
+	rec := &recorder{start: time.Now()}
 
 	sendCtx, stopSending := context.WithTimeout(ctx, cfg.duration)
 	defer stopSending()
 	var inflight sync.WaitGroup
 	var clients sync.WaitGroup
 	start = time.Now()
+	rec.mu.Lock()
+	rec.start = start
+	rec.mu.Unlock()
 	for i := range cfg.clients {
 		clients.Add(1)
 		go func() {
@@ -193,7 +208,7 @@ loop:
 	}
 	res.requests, res.served, res.denied, res.failed = rec.requests.Load(), rec.served.Load(), rec.denied.Load(), rec.failed.Load()
 	res.firstErr = rec.firstErr
-	res.servedLat, res.deniedLat = rec.servedLat, rec.deniedLat
+	res.servedLat, res.deniedLat, res.perSecond = rec.servedLat, rec.deniedLat, rec.perSecond
 	slices.Sort(res.servedLat)
 	slices.Sort(res.deniedLat)
 	res.windows = t.summary(cfg.bound())

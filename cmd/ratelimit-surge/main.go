@@ -8,6 +8,7 @@
 //	go run ./cmd/ratelimit-surge --redis 127.0.0.1:6379
 //	go run ./cmd/ratelimit-surge --algorithm sliding
 //	go run ./cmd/ratelimit-surge --algorithm token_bucket --burst 2
+//	go run ./cmd/ratelimit-surge --plot docs/img        # also draw it: PNG, SVG, JSON
 //
 // The system: N API instances (real net/http servers on loopback) behind a
 // round-robin httputil.ReverseProxy; each instance calls one shared backend,
@@ -40,6 +41,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridlimit/ratelimit/internal/chart"
 	"github.com/hybridlimit/ratelimit/internal/cli"
 )
 
@@ -55,6 +57,17 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	printReport(out, cfg, res)
+	if cfg.plotDir != "" {
+		var files []string
+		for _, f := range figures(cfg, res, commandLine(args)) {
+			if err := f.Write(cfg.plotDir); err != nil {
+				return err
+			}
+			p, _, _ := chart.Files(cfg.plotDir, f.Name)
+			files = append(files, p)
+		}
+		fmt.Fprintf(out, "figures (with .svg and .json beside each): %s\n", strings.Join(files, " "))
+	}
 	return nil
 }
 

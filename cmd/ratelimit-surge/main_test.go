@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/chart"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
 
@@ -68,6 +70,8 @@ func TestSurgeSmall(t *testing.T) {
 	require.EqualValues(t, wi.requests, wi.stats.Decisions, "every request decided once")
 	require.EqualValues(t, wi.stats.Allowed, wi.windows.total, "every allowed request tallied")
 	require.Positive(t, wi.commands)
+
+	checkFigures(t, cfg, res)
 
 	s := out.String()
 	for _, want := range []string{
@@ -217,4 +221,65 @@ func TestBackendCeiling(t *testing.T) {
 	require.EqualValues(t, 1, b.served.Load())
 	require.NoError(t, b.do(context.Background()), "a free worker serves at once")
 	require.EqualValues(t, 2, b.served.Load())
+}
+
+// checkFigures draws the run and checks what the figures hold against it:
+// the answers per second add up to the phase's answers, and the latency
+// distributions cover every served and denied request.
+func checkFigures(t *testing.T, cfg config, res surgeResult) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range figures(cfg, res, "test") {
+		require.NoError(t, f.Write(dir))
+	}
+	f, err := chart.Read(dir, figRates)
+	require.NoError(t, err)
+	require.Len(t, f.Panels, 2)
+	for i, r := range []phaseResult{res.without, res.with} {
+		p := f.Panels[i]
+		require.Equal(t, []string{"served (2xx)", "429 (rate limited)", "failed (503, timeouts)", "backend capacity (160/s)"}, p.Names())
+		sum := func(name string) int64 {
+			s, ok := p.Get(name)
+			require.True(t, ok)
+			require.Len(t, s.X, len(r.perSecond))
+			var n float64
+			for _, y := range s.Y {
+				n += y
+			}
+			return int64(n)
+		}
+		require.Equal(t, r.served, sum("served (2xx)"), r.name)
+		require.Equal(t, r.denied, sum("429 (rate limited)"), r.name)
+		require.Equal(t, r.failed, sum("failed (503, timeouts)"), r.name)
+	}
+	f, err = chart.Read(dir, figLatency)
+	require.NoError(t, err)
+	require.Equal(t, []string{"served, without limiter", "served, with limiter", "429, with limiter"}, f.Panels[0].Names())
+	for _, s := range f.Panels[0].Series {
+		require.NotEmpty(t, s.Y, s.Name)
+		require.Equal(t, 1.0, s.Y[len(s.Y)-1], "%s: a distribution ends at 1", s.Name)
+	}
+}
+
+// The surge's figures committed under docs/img: a PNG that decodes, an SVG
+// that parses and the JSON of the series, shown in a document.
+func TestDocImages(t *testing.T) {
+	const dir = "../../docs/img"
+	page, err := os.ReadFile("../../docs/http.md")
+	require.NoError(t, err)
+	def := defaults()
+	f, err := chart.Read(dir, figRates)
+	require.NoError(t, err, "make it with scripts/plots.sh surge")
+	require.True(t, strings.HasPrefix(f.Command, "go run ./cmd/ratelimit-surge "), f.Command)
+	require.Contains(t, string(page), "img/"+figRates+".png")
+	require.Len(t, f.Panels, 2)
+	for _, p := range f.Panels {
+		require.Equal(t, []string{"served (2xx)", "429 (rate limited)", "failed (503, timeouts)", "backend capacity (400/s)"}, p.Names())
+		s, _ := p.Get("served (2xx)")
+		require.GreaterOrEqual(t, len(s.X), int(def.duration/time.Second), "a point per second of the phase")
+	}
+	f, err = chart.Read(dir, figLatency)
+	require.NoError(t, err)
+	require.Contains(t, string(page), "img/"+figLatency+".png")
+	require.Equal(t, []string{"served, without limiter", "served, with limiter", "429, with limiter"}, f.Panels[0].Names())
 }

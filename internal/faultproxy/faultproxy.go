@@ -1,12 +1,20 @@
 // Package faultproxy is a TCP proxy for tests that sits between a client
 // (typically a Redis client) and a real server and injects faults: latency,
-// cut connections, hangs, refused connections and lost replies.
+// a network link's delay, cut connections, hangs, refused connections and
+// lost replies.
 //
 // Each accepted connection is paired with a fresh connection to the current
 // target and bytes are copied both ways in chunks (one chunk is whatever one
 // Read returned). When either side of a pair ends, both are closed; there is
 // no half-close. Every method is safe for concurrent use, and Close waits
 // for every goroutine the proxy started.
+//
+// Two kinds of delay: SetLatency stalls each chunk before forwarding it, so
+// the chunks behind it on the same connection wait too (a slow server, or
+// a stalled link); SetDelay is a link's propagation delay, a distant
+// server: every chunk arrives the delay after it was read, and the chunks
+// behind it are not held up, so a pipelining client keeps many requests in
+// flight on one connection, as over a long network path.
 package faultproxy
 
 import (
@@ -24,6 +32,9 @@ const dialTimeout = 5 * time.Second
 
 // bufSize is the largest chunk forwarded at once.
 const bufSize = 32 << 10
+
+// lineChunks is how many chunks a delay line holds (SetDelay).
+const lineChunks = 256
 
 // Stats are cumulative counters of a Proxy.
 type Stats struct {
@@ -50,6 +61,7 @@ type Proxy struct {
 	wg     sync.WaitGroup
 
 	latency atomic.Int64           // time.Duration
+	link    atomic.Int64           // time.Duration: one-way delay of new connections
 	drop    atomic.Int64           // replies still to drop
 	marker  atomic.Pointer[[]byte] // DropReplyTo: the request whose reply to lose
 
@@ -110,6 +122,22 @@ func (p *Proxy) SetLatency(d time.Duration) {
 		d = 0
 	}
 	p.latency.Store(int64(d))
+}
+
+// SetDelay sets the one-way delay of the link between client and server
+// for connections accepted from now on: every chunk, in either direction,
+// is forwarded d after the proxy read it (a request and its reply
+// therefore take 2d more), without holding up the chunks read after it,
+// which keep their order. It models distance, not a slow server: unlike
+// SetLatency, a connection carries as many requests per second as without
+// it. Open connections keep the delay they were accepted with; 0 removes
+// it for new ones. The faults of the other methods apply to a chunk when
+// its delay has passed.
+func (p *Proxy) SetDelay(d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	p.link.Store(int64(d))
 }
 
 // Cut closes every open connection now, both the client and the server side.
@@ -281,43 +309,122 @@ func (p *Proxy) handle(client net.Conn, target string) {
 	p.wg.Add(1)
 	p.mu.Unlock()
 
+	link := time.Duration(p.link.Load())
 	go func() {
 		defer p.wg.Done()
-		p.pipe(c, client, server, false)
+		p.pipe(c, client, server, false, link)
 	}()
-	p.pipe(c, server, client, true)
+	p.pipe(c, server, client, true, link)
 }
 
 // pipe copies src to dst chunk by chunk until either fails or the pair is
-// closed, then closes the pair. down is true for server -> client.
-func (p *Proxy) pipe(c *pair, src, dst net.Conn, down bool) {
+// closed, then closes the pair. down is true for server -> client. With a
+// link delay, the chunks go through a delay line (see delayLine).
+func (p *Proxy) pipe(c *pair, src, dst net.Conn, down bool, link time.Duration) {
 	defer p.remove(c)
+	if link > 0 {
+		p.delayLine(c, src, dst, down, link)
+		return
+	}
+	buf := make([]byte, bufSize)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.forward(c, buf[:n], dst, down) {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// forward applies the faults to one chunk and writes it to dst; false when
+// the pair is to end (closed, reply dropped, write failed).
+func (p *Proxy) forward(c *pair, chunk []byte, dst net.Conn, down bool) bool {
+	if !p.waitUnblocked(c) || !p.delay(c) {
+		return false
+	}
+	if down && (c.armed.Swap(false) || p.takeDrop()) {
+		p.dropped.Add(1)
+		return false // swallow the reply and close the connection
+	}
+	if !down {
+		if m := p.marker.Load(); m != nil && bytes.Contains(chunk, *m) && p.marker.CompareAndSwap(m, nil) {
+			c.armed.Store(true)
+		}
+	}
+	if _, err := dst.Write(chunk); err != nil {
+		return false
+	}
+	if down {
+		p.bytesDown.Add(int64(len(chunk)))
+	} else {
+		p.bytesUp.Add(int64(len(chunk)))
+	}
+	return true
+}
+
+// timedChunk is a chunk read at a known time, on its way through a delay line.
+type timedChunk struct {
+	data []byte
+	due  time.Time
+}
+
+// delayLine is pipe for a link with a one-way delay: this goroutine reads
+// chunks and queues each with the time it is due (read time + link); a
+// second one forwards each when it is due. The queue holds lineChunks
+// chunks: a reader that gets that far ahead waits, as a full TCP window
+// would make it.
+func (p *Proxy) delayLine(c *pair, src, dst net.Conn, down bool, link time.Duration) {
+	q := make(chan timedChunk, lineChunks)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		defer c.close() // the writer ends the pair when it stops, whatever the reason
+		t := time.NewTimer(time.Hour)
+		defer t.Stop()
+		for {
+			var ch timedChunk
+			select {
+			case ch = <-q:
+			case <-c.done:
+				return
+			}
+			if ch.data == nil {
+				return // the reader stopped: everything before it was forwarded
+			}
+			if d := time.Until(ch.due); d > 0 {
+				t.Reset(d)
+				select {
+				case <-t.C:
+				case <-c.done:
+					return
+				}
+			}
+			if !p.forward(c, ch.data, dst, down) {
+				return
+			}
+		}
+	}()
 	buf := make([]byte, bufSize)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.waitUnblocked(c) || !p.delay(c) {
+			due := time.Now().Add(link)
+			select {
+			case q <- timedChunk{data: append([]byte(nil), buf[:n]...), due: due}:
+			case <-c.done:
 				return
-			}
-			if down && (c.armed.Swap(false) || p.takeDrop()) {
-				p.dropped.Add(1)
-				return // swallow the reply and close the connection
-			}
-			if !down {
-				if m := p.marker.Load(); m != nil && bytes.Contains(buf[:n], *m) && p.marker.CompareAndSwap(m, nil) {
-					c.armed.Store(true)
-				}
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-			if down {
-				p.bytesDown.Add(int64(n))
-			} else {
-				p.bytesUp.Add(int64(n))
 			}
 		}
 		if err != nil {
+			// Let what was read arrive before the pair ends, as a link
+			// delivers what was sent before a close.
+			select {
+			case q <- timedChunk{}:
+				<-c.done
+			case <-c.done:
+			}
 			return
 		}
 	}

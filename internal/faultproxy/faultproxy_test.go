@@ -3,6 +3,8 @@ package faultproxy
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -309,4 +311,103 @@ func TestDropReplyTo(t *testing.T) {
 	require.Equal(t, "1", direct.Get(ctx, "marked-key").Val(), "the server applied it")
 	require.EqualValues(t, 2, c.Incr(ctx, "marked-key").Val(), "one-shot: the next one is answered")
 	require.EqualValues(t, 1, p.Stats().RepliesDropped)
+}
+
+// SetDelay is a link's delay: every request and its reply take twice the
+// delay, and no more, however many follow it on the same connection: the
+// chunks behind one are not held up by it, and keep their order. Stalling
+// each chunk instead (SetLatency) makes a request sent while the one before
+// it waits take up to half as long again (measured: 2d to 3d).
+func TestDelayPipelines(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	const d = 200 * time.Millisecond
+	p.SetDelay(d)
+
+	conn, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+
+	// k requests, each its own chunk, d/10 apart, so that several are on
+	// the way at once in each direction.
+	const k = 20
+	sent := make([]time.Time, k)
+	werr := make(chan error, 1)
+	go func() {
+		for i := range k {
+			sent[i] = time.Now()
+			if _, err := fmt.Fprintf(conn, "ECHO m%02d\r\n", i); err != nil {
+				werr <- err
+				return
+			}
+			time.Sleep(d / 10)
+		}
+		werr <- nil
+	}()
+	rtt := make([]time.Duration, k)
+	for i := range k {
+		got := make([]byte, len("$3\r\nm00\r\n"))
+		_, err := io.ReadFull(conn, got)
+		require.NoError(t, err)
+		rtt[i] = time.Since(sent[i]) // sent[i] was written before the request, so before its reply
+		require.Equal(t, fmt.Sprintf("$3\r\nm%02d\r\n", i), string(got), "replies in order")
+	}
+	require.NoError(t, <-werr)
+	for i, r := range rtt {
+		require.GreaterOrEqual(t, r, 2*d, "request %d: a round trip pays the delay both ways", i)
+		require.Less(t, r, 2*d+d/2, "request %d waited behind the ones before it", i)
+	}
+}
+
+// SetDelay applies to connections accepted after it; 0 removes it for new
+// ones. The other faults still apply to delayed chunks.
+func TestDelayNewConnectionsAndFaults(t *testing.T) {
+	srv, p, c := setup(t)
+	mustPing(t, c) // this connection is open before the delay
+	p.SetDelay(time.Hour)
+	mustPing(t, c) // within mustPing's 5s: the open connection keeps its delay (none)
+
+	p.SetDelay(20 * time.Millisecond)
+	c2 := newClient(t, p.Addr())
+	mustPing(t, c2)
+	ctx := ctxT(t, 5*time.Second)
+	p.DropReplyTo([]byte("delayed-key"))
+	require.Error(t, c2.Incr(ctx, "delayed-key").Err(), "the marked reply is lost on a delayed link too")
+	direct := srv.Client()
+	defer direct.Close()
+	require.Equal(t, "1", direct.Get(ctx, "delayed-key").Val(), "the server applied it")
+	require.EqualValues(t, 2, c2.Incr(ctx, "delayed-key").Val())
+	require.EqualValues(t, 1, p.Stats().RepliesDropped)
+
+	p.Block(true)
+	bctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err := c2.Ping(bctx).Err()
+	cancel()
+	require.Error(t, err, "a blocked proxy holds delayed chunks too")
+	p.Block(false)
+	p.SetDelay(0)
+	mustPing(t, newClient(t, p.Addr()))
+}
+
+// What a server sends before it closes the connection arrives, after the
+// delay, before the close.
+func TestDelayDeliversBeforeClose(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	p.SetDelay(50 * time.Millisecond)
+	conn, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = conn.Write([]byte("QUIT\r\n"))
+	require.NoError(t, err)
+	got, err := io.ReadAll(conn)
+	require.NoError(t, err)
+	require.Equal(t, "+OK\r\n", string(got), "the reply, then EOF")
+	require.Eventually(t, func() bool { return p.Stats().Active == 0 }, 5*time.Second, 10*time.Millisecond)
 }
