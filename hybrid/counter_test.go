@@ -763,3 +763,169 @@ func TestNextVisit(t *testing.T) {
 		t.Errorf("a key out of the table scheduled at %v", time.Duration(at))
 	}
 }
+
+// cold: a key asked fewer than leaseAt units in this window and the last
+// is counted exactly, as is any key whose instance's share is too small to
+// lease or whose window is nearly spent; a key with units in hand leases
+// what it lacks.
+func TestColdRegime(t *testing.T) {
+	now := 10*sec + 100*ms
+	k := newKeyTest(t, perSecond1000)
+	lc := k.c.lock()
+	if !lc.cold(k.p, 1, now, k.f) {
+		t.Error("a key's first decision leased")
+	}
+	if lc.cold(k.p, 1, now+10*ms, k.f) {
+		t.Error("the second unit of a window was counted exactly: leaseAt is 2")
+	}
+	// The next window: the last one had 2 units.
+	if lc.cold(k.p, 1, 11*sec+10*ms, k.f) {
+		t.Error("a key used twice the window before was counted exactly")
+	}
+	// Two windows later, once: cold again.
+	if !lc.cold(k.p, 1, 13*sec+10*ms, k.f) {
+		t.Error("a key quiet for a window leased")
+	}
+	lc.unlock()
+
+	small := newKeyTest(t, ratelimit.Limit{Rate: 20, Period: time.Second})
+	small.f.instances = 4 // 5 each: too small to lease
+	lc = small.c.lock()
+	lc.asked, lc.askedIdx = 50, 10
+	if !lc.cold(small.p, 1, now, small.f) {
+		t.Error("a share of 5 leased")
+	}
+	lc.unlock()
+
+	spent := newKeyTest(t, perSecond1000)
+	spent.lease(now, 1, 1000-2) // 2 free in Redis, 1 instance: nearly spent
+	spent.mustTake(1, now)
+	lc = spent.c.lock()
+	lc.asked, lc.askedIdx = 500, 10
+	if !lc.cold(spent.p, 1, now, spent.f) {
+		t.Error("a nearly spent window leased")
+	}
+	spent.c.cur.Load().avail.Store(3)
+	if lc.cold(spent.p, 5, now, spent.f) {
+		t.Error("a key holding units was counted exactly, its units stranded")
+	}
+	lc.unlock()
+}
+
+// An exact call for FixedWindow carries what the key owes the window it
+// counts in, credit first; its reply decides, and what did not apply is
+// owed again.
+func TestExactCall(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10*sec + 100*ms
+	lc := k.c.lock()
+	lc.owe(10, 4, 0)
+	lc.owe(9, 2, 0)
+	lc.unlock()
+	k.c.charge(k.p, 3, now, k.f) // 3 of credit on an estimated lease of window 10
+	lc = k.c.lock()
+	e := lc.newExact(k.p, k.id(), 2, now, k.f)
+	lc.unlock()
+	if a := e.take; !e.fw || a.N != 2 || a.AdjustIdx != 10 || a.Refund != 4 || a.Use != 3 {
+		t.Fatalf("take %+v; want 2 units with window 10's refund of 4 and credit of 3", a)
+	}
+	if d := k.debts(); len(d) != 1 || d[0] != (debt{idx: 9, refund: 2}) {
+		t.Fatalf("debts left %+v; want window 9's", d)
+	}
+	// Redis counted it in window 10, the adjustment applied.
+	e.answered(result{reply: reply{take: script.TakeReply{Idx: 10, Now: now / 1000, Count: 990, Admitted: true, Adjusted: true}}}, exchange{before: now, after: now, ok: true})
+	d, l, _ := k.c.decideExact(k.p, e, now, k.f)
+	if !d.Allowed || d.Remaining != 10 || d.ResetAfter != 900*time.Millisecond || l == nil || l.idx != 10 {
+		t.Errorf("decision %+v lease %+v; want admitted, 10 remaining, reset 900ms, window 10", d, l)
+	}
+	if got := k.c.exact.Load(); got != 1<<32|2 {
+		t.Errorf("exact count %x", got)
+	}
+	// A denial: refused for the units until the window ends, smaller ones
+	// may ask.
+	lc = k.c.lock()
+	e = lc.newExact(k.p, k.id(), 5, now, k.f)
+	lc.unlock()
+	e.answered(result{reply: reply{take: script.TakeReply{Idx: 10, Now: now / 1000, Count: 997}}}, exchange{before: now, after: now, ok: true})
+	d, l, _ = k.c.decideExact(k.p, e, now, k.f)
+	if d.Allowed || l != nil || d.RetryAfter != 900*time.Millisecond || d.Remaining != 3 {
+		t.Errorf("denial %+v; want retry at the window's end, 3 remaining", d)
+	}
+	if _, _, ok := k.take(5, now+ms); !ok {
+		t.Error("a decision as large as the refused one asked again")
+	}
+	if _, _, ok := k.take(3, now+ms); ok {
+		t.Error("a smaller decision was denied in memory")
+	}
+}
+
+// An exact call settles on the safe side: its reply lost, credit is owed
+// again (counted twice at worst) and refunds are dropped; its reply after
+// the decision left, what it counted is owed back; an adjustment of a
+// window that was not the current one is owed again.
+func TestExactCallSettles(t *testing.T) {
+	now := 10*sec + 100*ms
+	setup := func() (*keyTest, *exactCall) {
+		k := newKeyTest(t, perSecond1000)
+		lc := k.c.lock()
+		lc.owe(10, 4, 3)
+		e := lc.newExact(k.p, k.id(), 2, now, k.f)
+		lc.unlock()
+		return k, e
+	}
+	k, e := setup()
+	e.answered(result{err: errLost}, exchange{})
+	lc := k.c.lock()
+	if v := lc.settleExact(e, false); v != visitNow || len(lc.debts) != 1 || lc.debts[0] != (debt{idx: 10, use: 3}) {
+		t.Errorf("lost: visit %v debts %+v; want the credit of 3 owed again, the refund dropped", v, lc.debts)
+	}
+	lc.unlock()
+
+	k, e = setup()
+	if !e.abandon() {
+		t.Fatal("abandon after no reply")
+	}
+	e.answered(result{reply: reply{take: script.TakeReply{Idx: 10, Count: 5, Admitted: true, Adjusted: true}}}, exchange{ok: true})
+	lc = k.c.lock()
+	if v := lc.settleExact(e, true); v != visitNow || len(lc.debts) != 1 || lc.debts[0] != (debt{idx: 10, refund: 2}) {
+		t.Errorf("abandoned: visit %v debts %+v; want the 2 counted owed back", v, lc.debts)
+	}
+	lc.unlock()
+
+	k, e = setup()
+	e.answered(result{reply: reply{take: script.TakeReply{Idx: 11, Count: 2, Admitted: true}}}, exchange{ok: true})
+	lc = k.c.lock()
+	if v := lc.settleExact(e, false); v != visitNow || len(lc.debts) != 1 || lc.debts[0] != (debt{idx: 10, refund: 4, use: 3}) {
+		t.Errorf("another window: visit %v debts %+v; want window 10's adjustment owed again", v, lc.debts)
+	}
+	lc.unlock()
+}
+
+// For SlidingWindow and the buckets, an exact call is a lease call for
+// exactly n units, from one instance's point of view (no share cap), with
+// no replay record, carrying what the key owes.
+func TestExactCallLeaseScripts(t *testing.T) {
+	now := 10*sec + 100*ms
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	k.f.instances = 8
+	lc := k.c.lock()
+	lc.owe(9, 5, 1)
+	e := lc.newExact(k.p, k.id(), 3, now, k.f)
+	lc.unlock()
+	if a := e.call.win; e.fw || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Nonce != "" || len(a.Adjust) != 1 || a.Adjust[0] != (script.Adjust{Idx: 9, Refund: 5, Use: 1}) {
+		t.Errorf("sliding: %+v", a)
+	}
+	b := newKeyTest(t, tokens100, algorithm(ratelimit.GCRA))
+	lc = b.c.lock()
+	lc.owe(0, 5, 1)
+	e = lc.newExact(b.p, b.id(), 3, now, b.f)
+	lc.unlock()
+	if a := e.call.bkt; !e.call.bucket || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Refund != 4 || a.Use != 0 {
+		t.Errorf("bucket: %+v", a)
+	}
+	e.answered(result{reply: reply{bkt: script.BucketReply{Grant: 3, Level: 50}}}, exchange{ok: true})
+	d, _, _ := b.c.decideExact(b.p, e, now, b.f)
+	if !d.Allowed || d.Remaining != 50 || d.ResetAfter != 500*time.Millisecond {
+		t.Errorf("bucket decision %+v; want 50 remaining, full in 500ms", d)
+	}
+}
