@@ -336,6 +336,13 @@ func TestOutOfMemory(t *testing.T) {
 	require.GreaterOrEqual(t, allowed, 25, "FailLocal: this instance's share, Rate / instances")
 	require.LessOrEqual(t, allowed, 25+int(s.LeasedUnits), "FailLocal: the share plus what Redis granted")
 	require.Positive(t, s.Fallback)
+	// The breaker's probe writes: a Redis that refuses writes stays an
+	// outage, the breaker does not flap closed on its answers.
+	for i := 0; i < 10; i++ {
+		time.Sleep(150 * time.Millisecond)
+		require.True(t, h.Stats().Degraded, "sample %d: a Redis out of memory read as serving", i)
+	}
+	require.ErrorContains(t, h.Ping(ctx), "OOM")
 }
 
 // A Cluster master dies and its replica takes over: decisions go on without

@@ -95,14 +95,16 @@ func (hl *health) ticked(now int64) {
 // probe asks Redis whether it serves lease calls: when the breaker is
 // open (so that it closes even when no decision and no flush asks Redis
 // anything), and when a call failed lately (so that an outage opens it
-// after a few ticks even when few calls are made, for few keys). The
-// probe is a lease call that asks for nothing and writes nothing: like
-// the real ones, Redis refuses it when out of memory.
+// after a few ticks even when few calls are made, for few keys). The probe
+// writes a short-lived key, then runs a lease call that asks for nothing:
+// a Redis that refuses writes (out of memory, a read-only replica) refuses
+// the first, and one that lost its scripts is taught them by the second.
+// (A script that writes nothing runs even out of memory.)
 func (hl *health) probe(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, hl.timeout)
 	defer cancel()
 	err := hl.pipe.call(pctx, hl.runProbe)
-	hl.st.roundTrips.Add(1)
+	hl.st.roundTrips.Add(2)
 	if err == nil {
 		hl.brk.Success()
 	} else {
@@ -112,6 +114,9 @@ func (hl *health) probe(ctx context.Context) {
 }
 
 func (hl *health) runProbe(ctx context.Context) error {
+	if err := hl.pipe.client.Set(ctx, hl.probeArgs.Base+"w", 1, max(time.Second, hl.timeout)).Err(); err != nil {
+		return err
+	}
 	return script.Lease.Run(ctx, hl.pipe.client, hl.probeArgs.Keys(), hl.probeArgs.Args()...).Err()
 }
 
@@ -190,8 +195,9 @@ func (hl *health) emit(e Event) {
 	hl.observer(e)
 }
 
-// Ping reports whether Redis serves the limiter: it sends PING, then a
-// lease call that asks for nothing and writes nothing, within a call's
+// Ping reports whether Redis serves the limiter: it sends PING, then the
+// breaker's probe (a short-lived write, and a lease call that asks for
+// nothing), within a call's
 // deadline (4 timeouts, at least 1s) or ctx's if sooner, and returns the
 // first error Redis or the client gave, as it gave it (NOAUTH, WRONGPASS,
 // connection refused, a Cluster client on a standalone server...). Call it

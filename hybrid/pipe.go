@@ -7,6 +7,7 @@ import (
 	"slices"
 	gosync "sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,6 +24,7 @@ type rediser interface {
 	redis.Scripter
 	Pipeline() redis.Pipeliner
 	Ping(ctx context.Context) *redis.StatusCmd
+	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 }
 
 // request is one script call the pipe sends.
