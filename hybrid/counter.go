@@ -103,11 +103,12 @@ func (lc *lockedCounter) unlock()           { lc.mu.Unlock() }
 func (lc *lockedCounter) counter() *counter { return (*counter)(lc) }
 
 // take decides n units at now from the lease in hand, or denies them when
-// Redis refused the key until later. ok is false when neither can decide:
-// the decision goes on to the slow path. An admission returns the lease it
-// took n from. The syncer should hear of the key soon when its lease ran
-// low, or when it was refused.
-func (c *counter) take(p *params, n, now int64) (d ratelimit.Decision, l *lease, v visit, ok bool) {
+// Redis refused the key until later, into *d (the zero Decision). ok is false when neither can
+// decide: the decision goes on to the slow path. An admission returns the
+// lease it took n from. The syncer should hear of the key soon when its
+// lease ran low, or when it was refused. (The decision is written through
+// d, not returned: the hot path copies it once less.)
+func (c *counter) take(p *params, n, now int64, d *ratelimit.Decision) (l *lease, v visit, ok bool) {
 	l = c.cur.Load()
 	if l != nil && now < l.end {
 		for {
@@ -120,21 +121,22 @@ func (c *counter) take(p *params, n, now int64) (d ratelimit.Decision, l *lease,
 				if a-n < l.low.Load() {
 					v = visitSoon // running low: the syncer tops it up
 				}
-				return p.allowed(a-n+max(0, l.free.Load()), l, now), l, v, true
+				p.allowedInto(d, a-n+max(0, l.free.Load()), l, now)
+				return l, v, true
 			}
 		}
 	}
 	if until := c.blockedUntil.Load(); now < until && n-availAt(l, now) >= c.blockedMin.Load() {
 		c.refused(p, n, now)
 		retry := max(until, c.blockedRetry.Load()) - now
-		d = p.denied(retry, retry)
+		*d = p.denied(retry, retry)
 		if l != nil && now < l.end {
 			d.Remaining = int(max(0, l.avail.Load()))
 			d.ResetAfter = time.Duration(l.end - now)
 		}
-		return d, nil, visitSoon, true
+		return nil, visitSoon, true
 	}
-	return ratelimit.Decision{}, nil, visitNone, false
+	return nil, visitNone, false
 }
 
 // admitted records an admitted decision: one atomic add for the counts

@@ -40,7 +40,8 @@ func algorithm(a ratelimit.Algorithm) func(*config) { return func(c *config) { c
 func optimistic(c *config)                          { c.mode = Optimistic }
 
 func (k *keyTest) take(n, now int64) (ratelimit.Decision, visit, bool) {
-	d, _, v, ok := k.c.take(k.p, n, now)
+	var d ratelimit.Decision
+	_, v, ok := k.c.take(k.p, n, now, &d)
 	return d, v, ok
 }
 

@@ -94,15 +94,23 @@ func (p *params) bucketReset(remaining int64) int64 {
 	return max(0, p.capacity-remaining) * p.periodNS / p.rate
 }
 
-// allowed is an admission's Decision: rem remaining, the lease l (which
-// may be nil for unbounded credit) ending its window.
-func (p *params) allowed(rem int64, l *lease, now int64) ratelimit.Decision {
+// allowed is an admission's Decision: rem remaining, the lease l ending
+// its window.
+func (p *params) allowed(rem int64, l *lease, now int64) (d ratelimit.Decision) {
+	p.allowedInto(&d, rem, l, now)
+	return d
+}
+
+// allowedInto writes allowed's Decision to *d, which is the zero
+// Decision: field by field, without a temporary (the hot path's).
+func (p *params) allowedInto(d *ratelimit.Decision, rem int64, l *lease, now int64) {
 	rem = min(rem, p.capacity)
 	reset := max(l.end-now, 0)
 	if p.bucket {
 		reset = p.bucketReset(rem)
 	}
-	return ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(rem), ResetAfter: time.Duration(reset)}
+	d.Allowed, d.Limit, d.Algorithm = true, p.limit, p.alg
+	d.Remaining, d.ResetAfter = int(rem), time.Duration(reset)
 }
 
 // denied is a denial's Decision: retry after retry ns, reset after reset.

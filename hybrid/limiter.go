@@ -197,7 +197,8 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		now = int64(h.clock().Sub(h.start))
 	}
 	c := h.lookup(key)
-	if d, _, v, ok := c.take(h.p, int64(n), now); ok {
+	var d ratelimit.Decision
+	if _, v, ok := c.take(h.p, int64(n), now, &d); ok {
 		h.tell(c, v)
 		return d, nil
 	}
@@ -214,7 +215,8 @@ func (h *Limiter) decide(ctx context.Context, key string, n int, expired <-chan 
 	}
 	now := h.mono()
 	c := h.lookup(key)
-	if d, l, v, ok := c.take(h.p, int64(n), now); ok {
+	var d ratelimit.Decision
+	if l, v, ok := c.take(h.p, int64(n), now, &d); ok {
 		h.tell(c, v)
 		return d, l, nil
 	}
@@ -274,7 +276,8 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 		rolled, v := c.roll(p, now, f)
 		h.tell(c, v)
 		if rolled || attempt > 0 {
-			if d, l, v, ok := c.take(p, n, now); ok {
+			var d ratelimit.Decision
+			if l, v, ok := c.take(p, n, now, &d); ok {
 				h.tell(c, v)
 				return d, l, nil
 			}

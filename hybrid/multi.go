@@ -235,7 +235,8 @@ func (m *Multi) fast(r *round, n int64, states []ratelimit.LimitState) (denied b
 		if r.took[i] != nil {
 			continue // it holds n already
 		}
-		d, l, v, ok := r.cs[i].take(h.p, n, h.mono())
+		var d ratelimit.Decision
+		l, v, ok := r.cs[i].take(h.p, n, h.mono(), &d)
 		h.tell(r.cs[i], v)
 		r.asked[i] = ok
 		if !ok {

@@ -342,10 +342,11 @@ func realState(c *counter) state {
 }
 
 func realTake(p *params, f fleet, c *counter, n, mono int64) outcome {
-	d, _, _, ok := c.take(p, n, mono)
+	var d ratelimit.Decision
+	_, _, ok := c.take(p, n, mono, &d)
 	if !ok {
 		if rolled, _ := c.roll(p, mono, f); rolled {
-			d, _, _, ok = c.take(p, n, mono)
+			_, _, ok = c.take(p, n, mono, &d)
 		}
 	}
 	if !ok {
@@ -486,10 +487,11 @@ func TestReferenceConservation(t *testing.T) {
 				default:
 				}
 				n := int64(1 + g%3)
-				if d, _, _, ok := c.take(pr, n, mono.Load()); ok && d.Allowed {
+				var d ratelimit.Decision
+				if _, _, ok := c.take(pr, n, mono.Load(), &d); ok && d.Allowed {
 					taken.Add(n)
 				} else if rolled, _ := c.roll(pr, mono.Load(), f); rolled {
-					if d, _, _, ok := c.take(pr, n, mono.Load()); ok && d.Allowed {
+					if _, _, ok := c.take(pr, n, mono.Load(), &d); ok && d.Allowed {
 						taken.Add(n)
 					}
 				}
