@@ -134,7 +134,10 @@ func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
 	if l := lc.cur.Load(); l != nil && l.known && now < l.end && l.avail.Load() > 0 {
 		return false // it holds units of the window: a lease call adds what it lacks
 	}
-	return !lc.leasable(p, idx, f) || this < leaseAt && last < leaseAt
+	// Warm: asked leaseAt units in this window or the last, or in both
+	// (about once a window or more).
+	warm := this >= leaseAt || last >= leaseAt || this > n && last > 0
+	return !lc.leasable(p, idx, f) || !warm
 }
 
 // leasable reports whether the key may lease in window idx at all: the
@@ -162,7 +165,7 @@ func (lc *lockedCounter) warm(p *params, t tickFacts, f fleet) bool {
 	if l := lc.cur.Load(); l != nil && l.known {
 		return true
 	}
-	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt
+	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt || lc.asked > 0 && lc.prevAsked > 0
 }
 
 // newExact makes the exact call of a decision of n units at now. It
@@ -267,6 +270,11 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		d := ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(remaining), ResetAfter: time.Duration(max(0, end-now))}
 		if p.bucket {
 			d.ResetAfter = time.Duration(p.bucketReset(remaining))
+		}
+		if e.fw && remaining == 0 {
+			// The window is full: nothing fits before its end, so the
+			// next decisions are denied here (as after a denial).
+			c.block(1, now, end)
 		}
 		return d, &lease{idx: idx, start: end - p.periodNS, end: end, known: true}, v
 	}

@@ -489,10 +489,11 @@ func TestOutageBound(t *testing.T) {
 	ctx := context.Background()
 	for i := 0; i < 200; i++ {
 		l := ls[i%instances]
+		start := time.Now()
 		d, err := l.AllowN(ctx, "k", 1)
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
-		tl.add("k", d, 1)
+		tl.add("k", d, 1, start)
 	}
 	time.Sleep(150 * time.Millisecond) // every instance reconciles
 	free := limit.Rate - redisCount(t, direct, prefix, "k", idx)

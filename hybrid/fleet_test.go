@@ -20,8 +20,10 @@ import (
 // tally counts allowed decisions per key and window. The window of a
 // decision is read from the decision itself: the test and Redis share this
 // machine's clock, and ResetAfter is the time to the end of the window the
-// decision counted in, so now + ResetAfter lands on that window's end (give
-// or take a round trip, far less than half a window).
+// decision counted in, as the limiter saw it at some instant during the
+// call. So the window's end lies between the call's start and its return,
+// each plus ResetAfter: a window boundary within that span is the one
+// (calls far shorter than a window), whatever the scheduler delayed.
 type tally struct {
 	period time.Duration
 	mu     sync.Mutex
@@ -32,17 +34,25 @@ func newTally(p time.Duration) *tally {
 	return &tally{period: p, perWin: map[string]map[int64]int{}}
 }
 
-func (t *tally) add(key string, d ratelimit.Decision, n int) {
-	end := time.Now().Add(d.ResetAfter).UnixMicro()
+// add counts n units of decision d on key, made by a call that began at
+// start and has just returned.
+func (t *tally) add(key string, d ratelimit.Decision, n int, start time.Time) {
 	p := t.period.Microseconds()
-	idx := int64(math.Round(float64(end)/float64(p))) - 1
-	t.mu.Lock()
-	m := t.perWin[key]
-	if m == nil {
-		m = map[int64]int{}
-		t.perWin[key] = m
+	lo := start.Add(d.ResetAfter).UnixMicro()
+	hi := time.Now().Add(d.ResetAfter).UnixMicro()
+	m := (lo + p - 1) / p // the first boundary at or after lo
+	if m*p > hi {
+		// none within the call (a clock read a moment apart): the nearest
+		m = int64(math.Round(float64(lo+hi) / 2 / float64(p)))
 	}
-	m[idx] += n
+	idx := m - 1
+	t.mu.Lock()
+	m2 := t.perWin[key]
+	if m2 == nil {
+		m2 = map[int64]int{}
+		t.perWin[key] = m2
+	}
+	m2[idx] += n
 	t.mu.Unlock()
 }
 
@@ -78,6 +88,7 @@ func hammer(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, 
 				defer wg.Done()
 				for i := seed; time.Now().Before(stop); i++ {
 					key := keys[i%len(keys)]
+					start := time.Now()
 					dec, err := l.AllowN(context.Background(), key, 1)
 					if err != nil {
 						t.Errorf("AllowN: %v", err)
@@ -88,7 +99,7 @@ func hammer(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, 
 					}
 					if dec.Allowed {
 						a.Add(1)
-						tl.add(key, dec, 1)
+						tl.add(key, dec, 1, start)
 					} else {
 						dn.Add(1)
 						if dec.RetryAfter <= 0 {

@@ -127,7 +127,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h := &Limiter{p: newParams(limit, cfg), cfg: cfg, clock: cfg.clock}
 	h.start = cfg.now()
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
-	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips}
+	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
 	h.asks = newRouter(client, func() *queue {
 		return &queue{maxInFlight: pipelinesPerNode, wg: &h.inflight, send: func(batch []queued) {
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())

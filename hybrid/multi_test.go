@@ -59,9 +59,9 @@ func windowCount(t *testing.T, c redis.UniversalClient, prefix, key string, a ra
 // from the limit's own ResetAfter (see tally).
 type multiTally []*tally
 
-func (mt multiTally) add(d ratelimit.Decision, n int) {
+func (mt multiTally) add(d ratelimit.Decision, n int, start time.Time) {
 	for i, s := range d.Limits() {
-		mt[i].add("k", ratelimit.Decision{ResetAfter: s.ResetAfter}, n)
+		mt[i].add("k", ratelimit.Decision{ResetAfter: s.ResetAfter}, n, start)
 	}
 }
 
@@ -107,6 +107,7 @@ func testMultiFleet(t *testing.T, newClient func() redis.UniversalClient) {
 				defer wg.Done()
 				states := make([]ratelimit.LimitState, 0, 3)
 				for time.Now().Before(stop) {
+					start := time.Now()
 					d, err := m.AllowNInto(context.Background(), "k", 1, &states)
 					if err != nil {
 						t.Errorf("AllowN: %v", err)
@@ -118,7 +119,7 @@ func testMultiFleet(t *testing.T, newClient func() redis.UniversalClient) {
 					}
 					if d.Allowed {
 						allowed.Add(1)
-						mt.add(d, 1)
+						mt.add(d, 1, start)
 						continue
 					}
 					denied.Add(1)

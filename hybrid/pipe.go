@@ -76,6 +76,24 @@ type pipe struct {
 	mono       func() int64
 	calls      *gosync.WaitGroup // goroutines of calls in flight, for Close to wait on
 	roundTrips *atomic.Uint64
+	// ctxBound: the client ends a call at its context's deadline
+	// (ContextTimeoutEnabled), so a call runs on the caller's goroutine;
+	// otherwise on one of its own, abandoned at the deadline (bounded).
+	ctxBound bool
+}
+
+// honorsDeadlines reports whether client ends a call at its context's
+// deadline: go-redis does with ContextTimeoutEnabled.
+func honorsDeadlines(client rediser) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // exec sends reqs in one pipeline (go-redis splits it per Cluster node) and
@@ -175,8 +193,13 @@ func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) err
 // does not give up on by itself (one without ContextTimeoutEnabled waits its
 // ReadTimeout) is abandoned there, and ends on its own later. It reports
 // whether fn returned in time; only then may the caller read what fn
-// wrote.
+// wrote. With a client that honours deadlines, fn runs on the caller's
+// goroutine: one hand-off less per pipeline.
 func (p *pipe) bounded(ctx context.Context, fn func(ctx context.Context)) bool {
+	if p.ctxBound {
+		fn(ctx)
+		return ctx.Err() == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded)
+	}
 	done := make(chan struct{})
 	p.calls.Add(1)
 	go func() {

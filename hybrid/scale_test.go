@@ -394,3 +394,93 @@ func TestRedisMemoryPerKey(t *testing.T) {
 	require.LessOrEqual(t, hu, 1.5*gu, "hybrid memory per user key at most 1.5x global's (MEMORY USAGE)")
 	require.LessOrEqual(t, hg, 1.5*gg, "hybrid memory per user key at most 1.5x global's (used_memory)")
 }
+
+// Small limits use their quota: 3,000 keys at 1 and at 2 per second,
+// driven far past them by 4 instances on default options. No key-window
+// goes over its limit, and at least 97% of the full key-windows reach it:
+// quota one instance holds is not lost to the others (a share too small
+// to lease is counted exactly, decision by decision).
+func TestSmallLimitsReachQuota(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, rate := range []int{1, 2} {
+		t.Run(strconv.Itoa(rate), func(t *testing.T) {
+			limit := ratelimit.PerSecond(rate)
+			prefix := uniq(t)
+			var ls []ratelimit.Limiter
+			var hs []*hybrid.Limiter
+			for i := 0; i < 4; i++ {
+				h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+				require.NoError(t, err)
+				t.Cleanup(func() { h.Close() })
+				hs, ls = append(hs, h), append(ls, h)
+			}
+			keys := make([]string, 3000)
+			for i := range keys {
+				keys[i] = "small-" + strconv.Itoa(i)
+			}
+			tl := newTally(limit.Period)
+			from := time.Now()
+			allowed, denied := hammerRandom(t, ls, keys, 8, 4500*time.Millisecond, tl)
+			to := time.Now()
+			var over []string
+			var full, reached int
+			for _, k := range keys {
+				f, all := tl.windows(k, from, to)
+				for idx, n := range all {
+					if n > rate {
+						over = append(over, fmt.Sprintf("%s/%d: %d", k, idx, n))
+					}
+				}
+				for _, n := range f {
+					full++
+					if n == rate {
+						reached++
+					}
+				}
+			}
+			s := sumStats(hs)
+			t.Logf("limit %d/s: allowed %d denied %d; %d of %d full key-windows at the limit (%.1f%%); exact decisions %d, leases %d",
+				rate, allowed, denied, reached, full, 100*float64(reached)/float64(full), s.ExactDecisions, s.Leases)
+			require.Empty(t, over, "key-windows over the limit")
+			require.GreaterOrEqual(t, full, 3*len(keys), "the run must span 3 full windows")
+			require.GreaterOrEqual(t, float64(reached), 0.97*float64(full), "key-windows driven past the limit reach it")
+		})
+	}
+}
+
+// hammerRandom is hammer with each worker choosing keys uniformly at
+// random, so that every key is offered about as often in every window.
+func hammerRandom(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration, tl *tally) (allowed, denied int64) {
+	t.Helper()
+	var a, dn atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for li, l := range lims {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(l ratelimit.Limiter, x uint64) {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					x ^= x << 13 // xorshift64
+					x ^= x >> 7
+					x ^= x << 17
+					key := keys[x%uint64(len(keys))]
+					start := time.Now()
+					dec, err := l.AllowN(context.Background(), key, 1)
+					if err != nil {
+						t.Errorf("AllowN: %v", err)
+						return
+					}
+					if dec.Allowed {
+						a.Add(1)
+						tl.add(key, dec, 1, start)
+					} else {
+						dn.Add(1)
+					}
+				}
+			}(l, uint64(li*workers+w+1)*0x9E3779B97F4A7C15)
+		}
+	}
+	wg.Wait()
+	return a.Load(), dn.Load()
+}

@@ -269,7 +269,7 @@ var takeSource string
 // FixedWindow limit (take.lua): n units added to the current window's
 // counter when they fit, as global's FixedWindow script does. Its
 // arguments are built by TakeArgs and its reply read by ParseTake.
-var Take = New(takeSource)
+var Take = redis.NewScript(takeSource) // standalone: see take.lua
 
 // TakeArgs are the arguments of one Take call.
 type TakeArgs struct {
