@@ -181,12 +181,12 @@ func (s *Service) prepare(domain string, it *item) bool {
 	case r.RequestsPerUnit == 0 || it.hits > uint64(r.RequestsPerUnit):
 		// Nothing can be admitted: requests_per_unit 0 denies everything,
 		// and more hits than the limit could never fit in a window.
-		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 		it.call = false
 		return false
 	case r.Limits != nil && it.hits > uint64(minRequestsPerUnit(r.Limits)):
 		// More hits than one of the rule's limits could ever take.
-		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 		it.call = false
 		return false
 	}
@@ -199,7 +199,7 @@ func (s *Service) prepare(domain string, it *item) bool {
 // its one limit (requests_per_unit rpu per unit, with alg), or among its
 // limits the first that hits exceed, or else (the failure mode's share is
 // smaller than the limits) the one of fewest requests per unit.
-func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, alg ratelimit.Algorithm, hits uint64) ratelimit.Decision {
+func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, alg ratelimit.Algorithm, hits uint64, now time.Time) ratelimit.Decision {
 	if len(limits) > 0 {
 		k := 0
 		for i, l := range limits {
@@ -214,7 +214,7 @@ func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, al
 		rpu, unit, alg = limits[k].RequestsPerUnit, limits[k].Unit, limits[k].Algorithm
 	}
 	p := unit.Duration()
-	return ratelimit.Decision{Limit: ratelimit.Limit{Rate: int(rpu), Period: p}, Algorithm: alg, ResetAfter: untilWindowEnd(p)}
+	return ratelimit.Decision{Limit: ratelimit.Limit{Rate: int(rpu), Period: p}, Algorithm: alg, ResetAfter: untilWindowEnd(p, now)}
 }
 
 func minRequestsPerUnit(limits []config.RuleLimit) uint32 {
@@ -225,12 +225,12 @@ func minRequestsPerUnit(limits []config.RuleLimit) uint32 {
 	return m
 }
 
-func untilWindowEnd(p time.Duration) time.Duration {
+func untilWindowEnd(p time.Duration, now time.Time) time.Duration {
 	if p <= 0 {
 		return 0
 	}
-	now := time.Now().UnixNano()
-	return time.Duration(int64(p) - now%int64(p))
+	t := now.UnixNano()
+	return time.Duration(int64(p) - t%int64(p))
 }
 
 // count runs the limiters of the items that need one. Items counted under
@@ -340,7 +340,7 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 			case errors.Is(err, ratelimit.ErrInvalidN):
 				// more hits than the fallback's share can ever admit
 				r := it.rule()
-				it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+				it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 			case err != nil:
 				return nil, decisionError(err)
 			}

@@ -25,6 +25,15 @@
 // chooses it: the least remaining when admitted, and when denied the
 // denying limit that frees last.
 //
+// # Backends
+//
+// The Service decides; a Backend counts (see Backend). New makes the Redis
+// backend from Options.Client: the hybrid limiters for strict and
+// optimistic rules, the global ones for exact rules. The memory backend
+// (NewMemoryBackend) counts with the library's local limiters on an
+// injected clock, so that everything above the counting is tested without
+// Redis and without sleeps.
+//
 // # Reload
 //
 // Apply installs a new Config atomically: a request sees the old rules or

@@ -135,19 +135,16 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Unlock()
 	for _, e := range ents {
 		name := e.sig.String()
-		if st, ok := e.hybridStats(); ok {
-			fallback += st.Fallback
-			local += st.LocalDecisions
-			leases += st.Leases
+		st := e.lim.Stats()
+		fallback += st.Fallback
+		local += st.LocalDecisions
+		leases += st.Leases
+		if st.Tracked {
 			ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, float64(st.KeysTracked), name)
 			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(st.Instances), name)
+		}
+		if st.DegradedKnown {
 			ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(st.Degraded), name)
-		} else {
-			fb, degraded, known := e.globalState()
-			fallback += fb
-			if known {
-				ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(degraded), name)
-			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(fallbackDesc, prometheus.CounterValue, float64(fallback))

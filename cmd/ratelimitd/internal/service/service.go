@@ -26,13 +26,22 @@ const (
 	DefaultMaxOverrides = 64
 )
 
-// Options configure a Service. Client is required; the zero value of every
-// other field is its default.
+// Options configure a Service. Client or Backend is required; the zero
+// value of every other field is its default.
 type Options struct {
 	// Client is the Redis client every limiter uses (standalone, Sentinel or
-	// Cluster). The Service adds a hook to it that counts round trips; the
-	// caller closes it after Close.
+	// Cluster), through the Redis backend (NewRedisBackend) the Service
+	// makes when Backend is nil. The Service adds a hook to it that counts
+	// round trips; the caller closes it after Close.
 	Client redis.UniversalClient
+	// Backend, when not nil, makes the limiters instead of the Redis
+	// backend (Client, Timeout, SyncInterval, Instances and MaxKeys then
+	// do not apply to them). The Service closes it in Close.
+	Backend Backend
+	// Clock is the time the service reads of its own (the reset of a
+	// descriptor denied without counting); default time.Now. A test gives
+	// it the memory backend's clock.
+	Clock func() time.Time
 	// Prefix starts every Redis key (default "ratelimitd"); it must not hold
 	// '{' or '}'.
 	Prefix string
@@ -73,6 +82,8 @@ type Service struct {
 
 	opts      Options
 	log       *slog.Logger
+	backend   Backend
+	now       func() time.Time
 	snap      atomic.Pointer[snapshot]
 	sent      rtcount.Hook // what the service's client sent Redis
 	m         *metrics
@@ -126,7 +137,7 @@ func (rs *ruleState) limitFor(d ratelimit.Decision) *pb.RateLimitResponse_RateLi
 
 // New returns a Service with no rules: it answers Unavailable until Apply.
 func New(opts Options) (*Service, error) {
-	if opts.Client == nil {
+	if opts.Client == nil && opts.Backend == nil {
 		return nil, errors.New("service: a Redis client is required")
 	}
 	if opts.Prefix == "" {
@@ -147,9 +158,25 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Service{opts: opts, log: opts.Logger, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	s := &Service{opts: opts, log: opts.Logger, now: opts.Clock, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
 	s.m = newMetrics(s)
-	opts.Client.AddHook(&s.sent)
+	if opts.Client != nil {
+		opts.Client.AddHook(&s.sent)
+	}
+	s.backend = opts.Backend
+	if s.backend == nil {
+		var err error
+		s.backend, err = NewRedisBackend(RedisOptions{
+			Client: opts.Client, Prefix: opts.Prefix, Timeout: opts.Timeout,
+			SyncInterval: opts.SyncInterval, Instances: opts.Instances, MaxKeys: opts.MaxKeys, Logger: opts.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -164,17 +191,13 @@ func (s *Service) RoundTrips() uint64 { return uint64(s.sent.RoundTrips()) }
 func (s *Service) Loaded() bool { return s.snap.Load() != nil }
 
 // Ready reports why the service cannot answer as it should, or nil: rules
-// must be loaded and Redis must answer a PING within the timeout.
+// must be loaded and the backend must serve (for Redis: answer a PING and
+// take a write within the timeout).
 func (s *Service) Ready(ctx context.Context) error {
 	if !s.Loaded() {
 		return errors.New("no configuration loaded")
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, 250*time.Millisecond))
-	defer cancel()
-	if err := s.opts.Client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis unreachable: %w", err)
-	}
-	return nil
+	return s.backend.Ready(ctx)
 }
 
 // Apply puts cfg in force (see the package documentation). It fails, with
@@ -344,5 +367,6 @@ func (s *Service) Close() error {
 		wg.Go(func() { errs[i] = s.closeEntry(e) })
 	}
 	wg.Wait()
+	errs = append(errs, s.backend.Close())
 	return errors.Join(errs...)
 }

@@ -1,0 +1,76 @@
+package service
+
+import (
+	"context"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+)
+
+// A Backend makes the limiters a Service counts in, and says whether what
+// they count in is ready. The Service keeps the decision logic (matching a
+// request to its rules, envoyproxy/ratelimit's answers, metrics, reloads);
+// a Backend keeps the counting, as envoyproxy/ratelimit's RateLimitCache
+// does. The Redis backend (NewRedisBackend, what New makes from
+// Options.Client) counts with the hybrid and global limiters; the memory
+// backend (NewMemoryBackend) counts in process memory on an injected
+// clock, so the decision logic is tested without Redis and without sleeps.
+//
+// A Backend's methods are safe for concurrent use.
+type Backend interface {
+	// NewLimiter returns the limiter of spec. The Service makes one per
+	// distinct Spec and closes it when no rule uses it any more.
+	NewLimiter(spec Spec) (Limiter, error)
+	// Ready returns nil when the backend serves decisions as it should,
+	// else why not (for /readyz).
+	Ready(ctx context.Context) error
+	// Close stops the backend's own background work. The Service calls it
+	// once, after closing every limiter.
+	Close() error
+}
+
+// Spec is what one limiter enforces: every limit of Limits, each counted
+// with its algorithm, all or nothing, in Mode, deciding by FailureMode when
+// its store does not answer in time.
+type Spec struct {
+	Mode        config.Mode
+	FailureMode ratelimit.FailureMode
+	Limits      []ratelimit.Limit     // one, or up to ratelimit.MaxLimits
+	Algorithms  []ratelimit.Algorithm // one per limit
+	// Prefix is the limiter's own Redis key prefix (see the package
+	// documentation); a backend without Redis may ignore it.
+	Prefix string
+	// Name names the limiter in logs and metrics, e.g.
+	// "strict fixed_window 100/60s local".
+	Name string
+}
+
+// Limiter is one limiter of a Backend: a ratelimit.Limiter that also
+// reports its counters and gives its quota back.
+type Limiter interface {
+	ratelimit.Limiter
+	// Stats returns the limiter's counters; called by /metrics, not per
+	// decision.
+	Stats() LimiterStats
+	// Flush gives back what the limiter holds (leases), so that rules
+	// counted elsewhere now do not keep it; later decisions take again.
+	Flush(ctx context.Context) error
+	// Close gives everything back and stops the limiter's goroutines.
+	Close() error
+}
+
+// LimiterStats are a limiter's counters, exported as metrics. The counts
+// only grow.
+type LimiterStats struct {
+	Fallback       uint64 // decisions taken by the failure mode
+	LocalDecisions uint64 // decisions taken in memory without waiting on the store
+	Leases         uint64 // grants of quota received from the store
+	// Tracked says that KeysTracked and Instances are meaningful (the
+	// hybrid limiters and the memory backend).
+	Tracked     bool
+	KeysTracked int // keys held in memory
+	Instances   int // processes sharing the quota, as last learned
+	// DegradedKnown says that Degraded is meaningful.
+	DegradedKnown bool
+	Degraded      bool // deciding without the store (its circuit breaker is open)
+}

@@ -1,0 +1,298 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/local"
+)
+
+// RedisOptions configure the Redis backend. Client is required; the zero
+// value of every other field is its default.
+type RedisOptions struct {
+	// Client is the Redis client of every limiter (standalone, Sentinel or
+	// Cluster). The caller closes it after the backend.
+	Client redis.UniversalClient
+	// Prefix starts the backend's own Redis keys; default DefaultPrefix.
+	Prefix string
+	// Timeout bounds every wait on Redis of a decision (default
+	// DefaultTimeout).
+	Timeout time.Duration
+	// SyncInterval is the hybrid limiters' sync interval (0: the library's).
+	SyncInterval time.Duration
+	// Instances fixes the fleet size; 0 lets the hybrid limiters learn it
+	// from heartbeats. Exact rules with failure mode local admit Rate /
+	// Instances (Rate when 0) per window while Redis is unreachable.
+	Instances int
+	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's).
+	MaxKeys int
+	// Logger receives the backend's logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// redisBackend counts with the hybrid limiters (modes strict and
+// optimistic) and the global ones (mode exact) of the library.
+type redisBackend struct {
+	o   RedisOptions
+	log *slog.Logger
+}
+
+// NewRedisBackend returns the Redis backend.
+func NewRedisBackend(o RedisOptions) (Backend, error) {
+	if o.Client == nil {
+		return nil, errors.New("service: a Redis client is required")
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Instances < 0 || o.MaxKeys < 0 || o.SyncInterval < 0 {
+		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")
+	}
+	return &redisBackend{o: o, log: o.Logger}, nil
+}
+
+// Ready returns nil when Redis answers a PING within the timeout (at
+// least 250ms).
+func (b *redisBackend) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(b.o.Timeout, 250*time.Millisecond))
+	defer cancel()
+	if err := b.o.Client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis unreachable: %w", err)
+	}
+	return nil
+}
+
+// Close does nothing: the limiters are closed by the Service.
+func (b *redisBackend) Close() error { return nil }
+
+func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
+	if spec.Mode == config.Exact {
+		return b.newExact(spec)
+	}
+	mode := hybrid.Strict
+	if spec.Mode == config.Optimistic {
+		mode = hybrid.Optimistic
+	}
+	name := spec.Name
+	opts := []hybrid.Option{
+		hybrid.WithMode(mode), hybrid.WithAlgorithms(spec.Algorithms...), hybrid.WithPrefix(spec.Prefix),
+		hybrid.WithTimeout(b.o.Timeout), hybrid.WithFailureMode(spec.FailureMode),
+		hybrid.WithObserver(func(ev hybrid.Event) { b.observe(name, spec.FailureMode, ev) }),
+	}
+	if b.o.SyncInterval > 0 {
+		opts = append(opts, hybrid.WithSyncInterval(b.o.SyncInterval))
+	}
+	if b.o.MaxKeys > 0 {
+		opts = append(opts, hybrid.WithMaxKeys(b.o.MaxKeys))
+	}
+	if b.o.Instances > 0 {
+		opts = append(opts, hybrid.WithInstances(b.o.Instances))
+	}
+	if len(spec.Limits) > 1 {
+		m, err := hybrid.NewMulti(b.o.Client, spec.Limits, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &hybridMulti{Multi: m}, nil
+	}
+	h, err := hybrid.New(b.o.Client, spec.Limits[0], opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &hybridLimiter{Limiter: h}, nil
+}
+
+// newExact makes the global limiter of an exact rule.
+func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
+	opts := []global.Option{
+		global.WithAlgorithms(spec.Algorithms...), global.WithPrefix(spec.Prefix),
+		global.WithFailureMode(spec.FailureMode), global.WithTimeout(b.o.Timeout),
+	}
+	var fb *fleetFallback
+	if spec.FailureMode == ratelimit.FailLocal {
+		fb = &fleetFallback{limits: spec.Limits, algs: spec.Algorithms}
+		if err := fb.resize(int64(max(1, b.o.Instances))); err != nil {
+			return nil, fmt.Errorf("local fallback: %w", err)
+		}
+		if len(spec.Limits) > 1 {
+			opts = append(opts, global.WithFallback(&fleetFallbackMulti{fb}))
+		} else {
+			opts = append(opts, global.WithFallback(fb))
+		}
+	}
+	if len(spec.Limits) > 1 {
+		m, err := global.NewMulti(b.o.Client, spec.Limits, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return &globalMulti{Multi: m, fb: fb}, nil
+	}
+	g, err := global.New(b.o.Client, spec.Limits[0], opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &globalLimiter{Limiter: g}, nil
+}
+
+func (b *redisBackend) observe(name string, failure ratelimit.FailureMode, ev hybrid.Event) {
+	switch ev.Kind {
+	case hybrid.EventDegraded:
+		b.log.Warn("redis unreachable: deciding by the failure mode", "limiter", name, "failure_mode", failure.String())
+	case hybrid.EventRecovered:
+		b.log.Info("redis reachable again", "limiter", name)
+	case hybrid.EventFlushError:
+		b.log.Warn("background sync failed; it will be retried", "limiter", name, "error", errString(ev.Err))
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// hybridLimiter is a hybrid limiter of one limit.
+type hybridLimiter struct{ *hybrid.Limiter }
+
+func (h *hybridLimiter) Stats() LimiterStats {
+	st := h.Limiter.Stats()
+	return LimiterStats{Fallback: st.Fallback, LocalDecisions: st.LocalDecisions, Leases: st.Leases,
+		Tracked: true, KeysTracked: st.KeysTracked, Instances: st.Instances,
+		DegradedKnown: true, Degraded: st.Degraded}
+}
+
+// hybridMulti is a hybrid limiter of several limits. Its counters are
+// summed over the limits (a decision on three limits counts three), its
+// keys are the most any limit tracks, its instances what the first
+// learned.
+type hybridMulti struct{ *hybrid.Multi }
+
+func (h *hybridMulti) Stats() LimiterStats {
+	var st LimiterStats
+	for i, x := range h.Multi.Stats() {
+		st.Fallback += x.Fallback
+		st.LocalDecisions += x.LocalDecisions
+		st.Leases += x.Leases
+		st.KeysTracked = max(st.KeysTracked, x.KeysTracked)
+		st.Degraded = st.Degraded || x.Degraded
+		if i == 0 {
+			st.Instances = x.Instances
+		}
+	}
+	st.Tracked, st.DegradedKnown = true, true
+	return st
+}
+
+// globalLimiter is a global limiter of one limit (mode exact).
+type globalLimiter struct{ *global.Limiter }
+
+func (g *globalLimiter) Stats() LimiterStats {
+	return LimiterStats{Fallback: g.FallbackDecisions(), DegradedKnown: true, Degraded: g.Degraded()}
+}
+
+func (g *globalLimiter) Flush(context.Context) error { return nil }
+func (g *globalLimiter) Close() error                { return nil }
+
+// globalMulti is a global limiter of several limits. global.Multi reports
+// neither its fallback decisions nor its breaker: those of the local
+// failure mode are counted here, the others' are not, and its breaker
+// state is not known.
+type globalMulti struct {
+	*global.Multi
+	fb *fleetFallback // nil unless the failure mode is local
+}
+
+func (g *globalMulti) Stats() LimiterStats {
+	var st LimiterStats
+	if g.fb != nil {
+		st.Fallback = g.fb.n.Load()
+	}
+	return st
+}
+
+func (g *globalMulti) Flush(context.Context) error { return nil }
+func (g *globalMulti) Close() error                { return nil }
+
+// fleetFallback is the local failure mode of an exact rule: a local
+// limiter of the rule's limits, each Rate divided by the fleet's size (at
+// least 1), counting its decisions (global.Multi does not count them).
+type fleetFallback struct {
+	limits []ratelimit.Limit
+	algs   []ratelimit.Algorithm
+	cur    atomic.Pointer[sizedFallback]
+	n      atomic.Uint64 // decisions taken
+}
+
+type sizedFallback struct {
+	fleet int64
+	one   ratelimit.Limiter // one limit
+	multi *local.Multi      // several
+}
+
+// resize makes the local limiter for a fleet of n, unless it has it.
+func (f *fleetFallback) resize(n int64) error {
+	if c := f.cur.Load(); c != nil && c.fleet == n {
+		return nil
+	}
+	shares := make([]ratelimit.Limit, len(f.limits))
+	for i, l := range f.limits {
+		shares[i] = l
+		shares[i].Rate = max(1, int(int64(l.Rate)/max(1, n)))
+	}
+	s := &sizedFallback{fleet: n}
+	var err error
+	if len(shares) > 1 {
+		s.multi, err = local.NewMulti(shares, local.WithAlgorithms(f.algs...))
+	} else {
+		s.one, err = local.New(shares[0], local.WithAlgorithm(f.algs[0]))
+	}
+	if err != nil {
+		return err
+	}
+	f.cur.Store(s)
+	return nil
+}
+
+func (f *fleetFallback) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+	f.n.Add(1)
+	c := f.cur.Load()
+	if c.multi != nil {
+		return c.multi.AllowN(ctx, key, n)
+	}
+	return c.one.AllowN(ctx, key, n)
+}
+
+// fleetFallbackMulti is fleetFallback as the ratelimit.MultiLimiter a
+// global.Multi's failure mode asks.
+type fleetFallbackMulti struct{ *fleetFallback }
+
+func (f *fleetFallbackMulti) AllowNInto(ctx context.Context, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
+	f.n.Add(1)
+	return f.cur.Load().multi.AllowNInto(ctx, key, n, states)
+}
+
+func (f *fleetFallbackMulti) Reserve(ctx context.Context, key string, estimate int) (*ratelimit.Reservation, error) {
+	return f.cur.Load().multi.Reserve(ctx, key, estimate)
+}
+
+func (f *fleetFallbackMulti) Limits() []ratelimit.Limit { return f.cur.Load().multi.Limits() }
+func (f *fleetFallbackMulti) Algorithms() []ratelimit.Algorithm {
+	return f.cur.Load().multi.Algorithms()
+}
