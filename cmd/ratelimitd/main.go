@@ -94,6 +94,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.WatchInterval, "watch-interval", server.DefaultWatchInterval, "how often the configuration files are checked for changes (negative: never)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", server.DefaultDrainTimeout, "at shutdown, how long calls in flight may take to finish")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	boundFlags(fs, &o.Bounds)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -120,6 +121,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if o.Timeout <= 0 || o.SyncInterval < 0 || o.Instances < 0 || o.MaxKeys < 0 || o.RedisPoolSize < 0 || o.DrainTimeout <= 0 {
 		return errors.New("--timeout and --drain-timeout must be > 0; --sync-interval, --instances, --max-keys and --redis-pool-size must not be negative")
+	}
+	if err := checkBounds(o.Bounds); err != nil {
+		return err
 	}
 	if o.DenyStatus < 400 || o.DenyStatus > 599 {
 		return fmt.Errorf("--deny-status %d: want a 4xx or 5xx status", o.DenyStatus)

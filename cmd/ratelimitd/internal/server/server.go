@@ -65,6 +65,7 @@ type Options struct {
 	WatchInterval   time.Duration // how often the files are checked for changes (default 500ms; < 0: never)
 	DrainTimeout    time.Duration // bound on finishing in-flight calls at shutdown (default 10s)
 	Logger          *slog.Logger  // default slog.Default()
+	Bounds                        // what a client, a call or a configuration may cost
 }
 
 // Server is one ratelimitd. Make it with New, then call Run once.
@@ -132,6 +133,7 @@ func New(opts Options) (srv *Server, err error) {
 	s.svc, err = service.New(service.Options{
 		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
+		MaxDescriptors: opts.MaxDescriptors, MaxEntries: opts.MaxEntries,
 		Defaults: opts.Defaults, Logger: s.log,
 	})
 	if err != nil {
@@ -148,7 +150,7 @@ func New(opts Options) (srv *Server, err error) {
 	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("http listener: %w", err)
 	}
-	s.grpc = grpc.NewServer()
+	s.grpc = grpc.NewServer(s.grpcOptions()...)
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)

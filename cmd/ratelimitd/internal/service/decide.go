@@ -98,6 +98,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	if len(descs) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "a request needs at least one descriptor")
 	}
+	if err := s.checkSize(descs); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(s.opts.Timeout)
 	snap, shard := s.enter()
 	if snap == nil {
 		return nil, status.Error(codes.Unavailable, "no configuration loaded")
@@ -151,7 +155,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		}
 	}
 	if calls > 0 {
-		s.count(ctx, items, calls)
+		s.count(ctx, items, calls, deadline)
 	}
 	return s.respond(req.Domain, items)
 }
@@ -233,12 +237,15 @@ func untilWindowEnd(p time.Duration, now time.Time) time.Duration {
 	return time.Duration(int64(p) - t%int64(p))
 }
 
-// count runs the limiters of the items that need one. Items counted under
-// the same key run in request order, one after the other, as
-// envoyproxy/ratelimit's pipeline would; distinct keys run concurrently,
-// so that a request waits about one Redis timeout at most whatever its
-// number of descriptors.
-func (s *Service) count(ctx context.Context, items []item, calls int) {
+// count runs the limiters of the items that need one, within one deadline
+// for the whole call (Timeout after it began). Items counted under the
+// same key run in request order, one after the other, as
+// envoyproxy/ratelimit's pipeline would; distinct keys run concurrently.
+// The first item of each key waits on Redis as its limiter bounds it (one
+// timeout at most); the items after it wait only until the deadline, and
+// those it cuts short are decided without counting (see cut). So a call
+// waits about one timeout at most, whatever its descriptors.
+func (s *Service) count(ctx context.Context, items []item, calls int, deadline time.Time) {
 	if calls == 1 {
 		for i := range items {
 			if items[i].call {
@@ -264,8 +271,9 @@ func (s *Service) count(ctx context.Context, items []item, calls int) {
 		}
 	}
 	chain := func(i int) {
-		for ; i >= 0; i = next[i] {
-			s.allow(ctx, &items[i])
+		s.allow(ctx, &items[i])
+		for i = next[i]; i >= 0; i = next[i] {
+			s.allowBy(ctx, &items[i], deadline)
 		}
 	}
 	var wg sync.WaitGroup
@@ -282,6 +290,39 @@ func (s *Service) count(ctx context.Context, items []item, calls int) {
 	}
 	chain(first)
 	wg.Wait()
+}
+
+// allowBy asks the item's limiter, waiting no later than deadline; an
+// item the deadline cuts short is decided by cut.
+func (s *Service) allowBy(ctx context.Context, it *item, deadline time.Time) {
+	if !time.Now().Before(deadline) {
+		s.cut(it)
+		return
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	it.dec, it.err = it.ent().lim.AllowN(dctx, it.key, int(it.hits))
+	cancel()
+	if it.err != nil && dctx.Err() != nil && ctx.Err() == nil {
+		s.cut(it)
+	}
+}
+
+// cut decides, without counting, an item whose call's deadline passed
+// before its limiter could answer: OK when its rule fails open, else
+// OVER_LIMIT (what the hybrid answers a decision Redis did not answer in
+// time, before its breaker opens: nothing is admitted that no count
+// backs). It counts as a failure-mode decision.
+func (s *Service) cut(it *item) {
+	r := it.rule()
+	s.cuts.Add(1)
+	p := r.Unit.Duration()
+	it.err = nil
+	it.dec = ratelimit.Decision{Limit: r.Limit(), Algorithm: r.Algorithm, ResetAfter: untilWindowEnd(p, s.now())}
+	if r.FailureMode == ratelimit.FailOpen {
+		it.dec.Allowed, it.dec.Remaining = true, 0
+	} else {
+		it.dec.RetryAfter = s.opts.Timeout
+	}
 }
 
 // allow asks the item's limiter.

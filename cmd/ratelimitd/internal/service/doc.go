@@ -53,9 +53,15 @@
 // OVER_LIMIT only when all of them are, replaces drops the rules it names,
 // unlimited rules answer OK without counting, and requests_per_unit 0 denies
 // every request. A hits_addend above the limit can never be admitted and is
-// answered OVER_LIMIT without a Redis call. When a request has several
-// descriptors to count, they are counted concurrently, so a request waits
-// for Redis at most about one timeout, however many descriptors it has.
+// answered OVER_LIMIT without a Redis call.
+//
+// A request holds at most MaxDescriptors descriptors of at most MaxEntries
+// entries each (InvalidArgument beyond). Its descriptors of distinct keys
+// are counted concurrently, those of one key one after the other, within
+// one deadline for the whole request (Timeout): a descriptor still waiting
+// when it passes is answered without counting, OK under failure mode open
+// and OVER_LIMIT otherwise. So a request waits for Redis about one timeout
+// at most, however many descriptors it has.
 //
 // A Service is safe for concurrent use.
 package service

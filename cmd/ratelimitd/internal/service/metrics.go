@@ -131,7 +131,7 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 	for e := range s.closing {
 		ents = append(ents, e)
 	}
-	fallback, local, leases := s.retired.fallback, s.retired.local, s.retired.leases
+	fallback, local, leases := s.retired.fallback+s.cuts.Load(), s.retired.local, s.retired.leases
 	s.mu.Unlock()
 	for _, e := range ents {
 		name := e.sig.String()

@@ -24,6 +24,10 @@ const (
 	DefaultPrefix       = "ratelimitd"
 	DefaultTimeout      = 100 * time.Millisecond
 	DefaultMaxOverrides = 64
+	// DefaultMaxDescriptors bounds the descriptors of one call, and
+	// DefaultMaxEntries the entries of one descriptor (see Options).
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 16
 )
 
 // Options configure a Service. Client or Backend is required; the zero
@@ -60,6 +64,11 @@ type Options struct {
 	// MaxOverrides bounds the distinct limits requests may set with a
 	// descriptor's limit override (default 64).
 	MaxOverrides int
+	// MaxDescriptors bounds the descriptors of one call, and MaxEntries
+	// the entries of one descriptor (defaults 64 and 16): a call over
+	// either is refused with InvalidArgument before anything is counted,
+	// so the work and the goroutines of one call are bounded.
+	MaxDescriptors, MaxEntries int
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
 	// RateLimit-Reset to each response, for the descriptor closest to its
 	// limit (as envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
@@ -89,6 +98,7 @@ type Service struct {
 	m         *metrics
 	overrides sync.Map // overrideKey -> *override
 
+	cuts       atomic.Uint64 // items a call's deadline cut short (see cut)
 	shut       atomic.Bool   // Close has begun: decisions are refused
 	stop       chan struct{} // closed by Close: retirements stop waiting
 	mu         sync.Mutex    // guards the fields below; never held by a decision
@@ -151,6 +161,12 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.MaxOverrides <= 0 {
 		opts.MaxOverrides = DefaultMaxOverrides
+	}
+	if opts.MaxDescriptors <= 0 {
+		opts.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
 	}
 	if opts.Instances < 0 || opts.MaxKeys < 0 || opts.SyncInterval < 0 {
 		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")

@@ -1,0 +1,11 @@
+package server
+
+// Bounds are what one client, one call or one configuration may cost
+// ratelimitd: each has a flag (see docs/ratelimitd.md) and a default; the
+// zero value of a field is its default.
+type Bounds struct {
+	// MaxDescriptors bounds the descriptors of one call, MaxEntries the
+	// entries of one descriptor (service.DefaultMaxDescriptors and
+	// service.DefaultMaxEntries): more is InvalidArgument (HTTP 400).
+	MaxDescriptors, MaxEntries int
+}

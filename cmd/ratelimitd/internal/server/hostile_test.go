@@ -1,0 +1,109 @@
+package server_test
+
+// Hostile clients and hostile configurations (issue 18): each case
+// against a real server and a real redis-server, as the trial that found
+// it ran it.
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+const hostileConfig = `
+domain: h
+descriptors:
+  - key: strict
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: exact
+    rate_limit: {unit: minute, requests_per_unit: 1000, mode: exact}
+  - key: open
+    rate_limit: {unit: minute, requests_per_unit: 1000, failure_mode: open}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+`
+
+// H4: a call holds at most --max-descriptors descriptors of at most
+// --max-entries entries (InvalidArgument, HTTP 400), and its messages at
+// most 1 MB; and it waits on Redis about one --timeout whatever it holds.
+// Before: 150,000 descriptors in one gRPC call took 48.5s; 64 descriptors
+// on 2 keys with Redis stopped waited about 1s (until the hybrid's call
+// deadline, 10 timeouts of 100ms, opened its breaker).
+func TestHostileWorkPerCall(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"h.yaml": hostileConfig})
+	const timeout = 100 * time.Millisecond
+	d := start(t, redis.Addr(), dir, func(o *server.Options) { o.Timeout = timeout })
+	call := func(descs ...*rlcommon.RateLimitDescriptor) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := d.rls.ShouldRateLimit(ctx, rq("h", descs...))
+		return err
+	}
+	many := func(n int, key string) []*rlcommon.RateLimitDescriptor {
+		ds := make([]*rlcommon.RateLimitDescriptor, n)
+		for i := range ds {
+			ds[i] = desc(key, uniq("v"))
+		}
+		return ds
+	}
+	if err := call(many(65, "strict")...); status.Code(err) != grpccodes.InvalidArgument || !strings.Contains(err.Error(), "65 descriptors in one call: at most 64") {
+		t.Errorf("65 descriptors: %v", err)
+	}
+	deep := desc("strict", "x")
+	for i := range 16 {
+		deep.Entries = append(deep.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: fmt.Sprint("k", i), Value: "v"})
+	}
+	if err := call(deep); status.Code(err) != grpccodes.InvalidArgument || !strings.Contains(err.Error(), "17 entries: at most 16") {
+		t.Errorf("17 entries: %v", err)
+	}
+	if err := call(desc("strict", strings.Repeat("x", 2<<20))); status.Code(err) != grpccodes.ResourceExhausted {
+		t.Errorf("a 2 MB message: %v", err)
+	}
+	body := `{"domain":"h","descriptors":[` + strings.Repeat(`{"entries":[{"key":"strict","value":"x"}]},`, 64) + `{"entries":[{"key":"strict","value":"x"}]}]}`
+	if code, resp, _ := httpPost(t, d, "/v1/check", body); code != http.StatusBadRequest || !strings.Contains(resp, "at most 64") {
+		t.Errorf("65 descriptors over HTTP: %d %s", code, resp)
+	}
+	if err := call(many(64, "strict")...); err != nil {
+		t.Errorf("64 descriptors: %v", err)
+	}
+
+	// Redis stopped: 64 descriptors on 2 keys, each the first time seen
+	must(t, redis.Freeze())
+	defer redis.Thaw()
+	keyA, keyB := uniq("a"), uniq("b")
+	descs := make([]*rlcommon.RateLimitDescriptor, 64)
+	for i := range descs {
+		descs[i] = desc([]string{"strict", "open"}[i%2], []string{keyA, keyB}[i%2])
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	resp, err := d.rls.ShouldRateLimit(ctx, rq("h", descs...))
+	cancel()
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("64 descriptors with Redis stopped: %v after %v", err, took)
+	}
+	t.Logf("64 descriptors on 2 keys, Redis stopped, --timeout %v: answered in %v (%s)", timeout, took, codes(resp))
+	// Before, the hybrid's call deadline: 1s. The bound leaves a busy host
+	// room.
+	if took > 5*timeout {
+		t.Errorf("took %v, want about one --timeout (%v)", took, timeout)
+	}
+	for i := 3; i < len(resp.Statuses); i += 2 {
+		if resp.Statuses[i].Code.String() != "OK" {
+			t.Errorf("descriptor %d of a rule failing open, cut by the deadline: %v", i, resp.Statuses[i].Code)
+		}
+	}
+}
