@@ -8,4 +8,8 @@ type Bounds struct {
 	// entries of one descriptor (service.DefaultMaxDescriptors and
 	// service.DefaultMaxEntries): more is InvalidArgument (HTTP 400).
 	MaxDescriptors, MaxEntries int
+	// MaxRuleLabels bounds the rule labels requests make in the metrics
+	// (service.DefaultMaxRuleLabels); beyond, decisions count under
+	// rule="_other".
+	MaxRuleLabels int
 }

@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -105,5 +107,46 @@ func TestHostileWorkPerCall(t *testing.T) {
 		if resp.Statuses[i].Code.String() != "OK" {
 			t.Errorf("descriptor %d of a rule failing open, cut by the deadline: %v", i, resp.Statuses[i].Code)
 		}
+	}
+}
+
+// H1: requests cannot grow the metrics without bound. Before: each limit
+// override with a descriptor key never seen made new `rule` series
+// (161k calls in 20s made 322k series, a 22 MB /metrics); now at most
+// --max-rule-labels (1,000) labels made by requests exist, the rest are
+// counted under rule="_other".
+func TestHostileMetricLabels(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"h.yaml": hostileConfig})
+	d := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = uniq("labels") })
+	const calls = 1500
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < calls; i += 8 {
+				od := desc(fmt.Sprint("key", i), "v")
+				od.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 10, Unit: typev3.RateLimitUnit_MINUTE}
+				dd := desc("detailed", fmt.Sprint("value", i))
+				if i%2 == 0 {
+					d.call(t, rq("h", od))
+				} else {
+					d.call(t, rq("h", dd))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	fams := scrape(t, d)
+	n := len(fams["ratelimit_decisions_total"].GetMetric())
+	folded, _ := metric(fams, "ratelimit_rule_labels_folded_total", "domain", "h")
+	labels, _ := metric(fams, "ratelimit_rule_labels")
+	other, _ := metric(fams, "ratelimit_decisions_total", "rule", "_other", "result", "ok")
+	t.Logf("%d calls, each a new label: %d decision series, %v labels, %v folded", calls, n, labels, folded)
+	if labels != 1000 || folded != calls-1000 || other != calls-1000 {
+		t.Errorf("labels %v, folded %v, under _other %v; want 1000, %d, %d", labels, folded, other, calls-1000, calls-1000)
+	}
+	// 4 results per label, the configuration's own 4 rules and _other
+	if n > (1000+4+1)*4 {
+		t.Errorf("%d decision series for at most 1,005 labels", n)
 	}
 }

@@ -133,7 +133,7 @@ func New(opts Options) (srv *Server, err error) {
 	s.svc, err = service.New(service.Options{
 		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
-		MaxDescriptors: opts.MaxDescriptors, MaxEntries: opts.MaxEntries,
+		MaxDescriptors: opts.MaxDescriptors, MaxEntries: opts.MaxEntries, MaxRuleLabels: opts.MaxRuleLabels,
 		Defaults: opts.Defaults, Logger: s.log,
 	})
 	if err != nil {

@@ -157,7 +157,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	if calls > 0 {
 		s.count(ctx, items, calls, deadline)
 	}
-	return s.respond(req.Domain, items)
+	return s.respond(snap, req.Domain, items)
 }
 
 // hitsOf is a descriptor's hits: its own hits_addend when set, else the
@@ -370,7 +370,7 @@ func escape(b *strings.Builder, s string) {
 
 // respond turns the decided items into the response, counts them in the
 // metrics, and adds the headers.
-func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, error) {
+func (s *Service) respond(snap *snapshot, domain string, items []item) (*pb.RateLimitResponse, error) {
 	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(items))}
 	overRate, overQuota, quota := 0, 0, 0
 	var closest *pb.RateLimitResponse_DescriptorStatus
@@ -392,7 +392,7 @@ func (s *Service) respond(domain string, items []item) (*pb.RateLimitResponse, e
 		if r == nil {
 			continue
 		}
-		s.record(domain, it)
+		s.record(snap, domain, it)
 		if r.Unlimited {
 			continue
 		}
@@ -469,7 +469,7 @@ func resetOf(reset, retry, unit time.Duration) time.Duration {
 	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
 }
 
-func (s *Service) record(domain string, it *item) {
+func (s *Service) record(snap *snapshot, domain string, it *item) {
 	if it.result < 0 {
 		return
 	}
@@ -478,15 +478,22 @@ func (s *Service) record(domain string, it *item) {
 		it.rs.hits.Add(float64(it.hits))
 		return
 	}
-	label := it.label
+	label, ident := it.label, ""
 	switch {
 	case it.ovr != nil:
 		label = overrideLabel(it.desc)
 	case label == "":
 		label = it.rs.rule.Path
+	default:
+		ident = it.rs.rule.Ident
 	}
-	s.m.decisions.WithLabelValues(domain, label, resultNames[it.result]).Inc()
-	s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
+	if it.ovr == nil && (label == it.rs.rule.Path || snap.static[labelKey{domain, label}]) {
+		// a label of the configuration's own: bounded by it
+		s.m.decisions.WithLabelValues(domain, label, resultNames[it.result]).Inc()
+		s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
+		return
+	}
+	s.m.labels.series(domain, label, ident, s.now()).add(s.m.labels, it.result, it.hits)
 }
 
 func decisionError(err error) error {

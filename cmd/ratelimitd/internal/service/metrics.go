@@ -29,6 +29,7 @@ type metrics struct {
 	reloadAt               prometheus.Gauge
 	rules                  prometheus.Gauge
 	shadowed               prometheus.Counter
+	labels                 *labels // rule labels made by requests
 }
 
 // retired holds the counters of limiters closed since the start, so that
@@ -78,10 +79,19 @@ func newMetrics(s *Service) *metrics {
 			Help: "Calls over the limit answered OK because the service runs in shadow mode.",
 		}),
 	}
+	m.labels = &labels{max: s.opts.MaxRuleLabels, decisions: m.decisions, hits: m.hits,
+		folded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rule_labels_folded_total",
+			Help: "Decisions counted under rule=\"" + OtherLabel + "\" because as many rule labels made by requests (limit overrides, detailed_metric, value_to_metric) as --max-rule-labels were in use.",
+		}, []string{"domain"})}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
 	m.reqOK, m.reqOver, m.reqErr = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit"), m.requests.WithLabelValues("error")
-	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed,
+	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed, m.labels.folded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_rule_labels",
+			Help: "Rule labels made by requests (limit overrides, detailed_metric, value_to_metric) in use, at most --max-rule-labels.",
+		}, func() float64 { return float64(m.labels.count()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_redis_round_trips_total",
 			Help: "Round trips to Redis of every kind (a command or a pipeline), counted on the service's client.",

@@ -64,6 +64,10 @@ type Options struct {
 	// MaxOverrides bounds the distinct limits requests may set with a
 	// descriptor's limit override (default 64).
 	MaxOverrides int
+	// MaxRuleLabels bounds the rule labels requests make in the metrics
+	// (limit overrides, detailed_metric, value_to_metric): default
+	// DefaultMaxRuleLabels; see OtherLabel.
+	MaxRuleLabels int
 	// MaxDescriptors bounds the descriptors of one call, and MaxEntries
 	// the entries of one descriptor (defaults 64 and 16): a call over
 	// either is refused with InvalidArgument before anything is counted,
@@ -119,7 +123,8 @@ const drainBound = 30 * time.Second
 // changes once published.
 type snapshot struct {
 	cfg      *config.Config
-	rules    []ruleState // indexed by config.Rule.ID
+	rules    []ruleState       // indexed by config.Rule.ID
+	static   map[labelKey]bool // the rule labels of the configuration (each rule's path)
 	inflight inflight
 }
 
@@ -161,6 +166,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.MaxOverrides <= 0 {
 		opts.MaxOverrides = DefaultMaxOverrides
+	}
+	if opts.MaxRuleLabels <= 0 {
+		opts.MaxRuleLabels = DefaultMaxRuleLabels
 	}
 	if opts.MaxDescriptors <= 0 {
 		opts.MaxDescriptors = DefaultMaxDescriptors
@@ -225,12 +233,13 @@ func (s *Service) Apply(cfg *config.Config) error {
 		return ratelimit.ErrClosed
 	}
 	old := s.snap.Load()
-	snap := &snapshot{cfg: cfg, rules: make([]ruleState, len(cfg.Rules))}
+	snap := &snapshot{cfg: cfg, rules: make([]ruleState, len(cfg.Rules)), static: make(map[labelKey]bool, len(cfg.Rules))}
 	used := map[signature]bool{}
 	var made []*entry
 	for i, r := range cfg.Rules {
 		rs := &snap.rules[i]
 		rs.rule = r
+		snap.static[labelKey{r.Domain, r.Path}] = true
 		if !r.ValuesInLabel {
 			for res := range nResults {
 				rs.ctr[res] = s.m.decisions.WithLabelValues(r.Domain, r.Path, resultNames[res])
@@ -337,6 +346,11 @@ func (s *Service) afterReload(old, cur *snapshot) {
 	for e := range flush {
 		s.bg.Go(func() { s.flushEntry(e) })
 	}
+	idents := make(map[string]bool, len(cur.rules))
+	for _, rs := range cur.rules {
+		idents[rs.rule.Ident] = true
+	}
+	s.m.labels.reloaded(func(id string) bool { return idents[id] }, func(k labelKey) bool { return cur.static[k] })
 }
 
 // ReloadResult records the outcome of a configuration load in the metrics:
