@@ -132,8 +132,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		o.WatchInterval = -1
 	}
 	o.ConfigPaths, o.RedisAddrs, o.Logger = configs, redisAddrs, log
-	srv, err := server.New(o)
+	srv, err := server.NewContext(ctx, o)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			log.Info("stopped before serving", "error", err.Error())
+			return nil // SIGTERM while starting: as asked
+		}
 		return err
 	}
 	return srv.Run(ctx)

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -80,6 +82,45 @@ func TestRunRejects(t *testing.T) {
 	}
 }
 
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// binary builds ratelimitd once for the tests of this package (with the
+// race detector when they run with it) and returns its path.
+func binary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "ratelimitd-test")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "ratelimitd")
+		build := exec.Command("go", "build", "-o", built.bin, ".")
+		if raceEnabled {
+			build.Args = append(build.Args[:2], append([]string{"-race"}, build.Args[2:]...)...)
+		}
+		if out, err := build.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -94,14 +135,7 @@ func freeAddr(t *testing.T) string {
 // environment, gRPC and HTTP on loopback, JSON logs, and SIGTERM draining
 // it to a clean exit.
 func TestProcess(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ratelimitd")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if raceEnabled {
-		build.Args = append(build.Args[:2], append([]string{"-race"}, build.Args[2:]...)...)
-	}
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := binary(t)
 	redis := redistest.Standalone(t)
 	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "--config", writeConfig(t, goodConfig), "--grpc", grpcAddr, "--http", httpAddr)

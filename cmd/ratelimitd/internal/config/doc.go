@@ -52,6 +52,9 @@
 // Parse checks everything before anything is used: an unknown field, a value
 // of the wrong type, an unknown unit, a duplicate descriptor or domain, a
 // limit too large to count exactly, all are errors that name the file, the
-// line and the field (see Error). A Config is immutable once made and safe
+// line and the field (see Error). YAML anchors and aliases are read, and
+// expanded where used, within Limits: past MaxRules rules, or 5 times as
+// many descriptors, with aliases expanded, the load stops at once (an
+// alias bomb never costs more). A Config is immutable once made and safe
 // for concurrent use.
 package config

@@ -89,8 +89,12 @@ type Server struct {
 
 // New loads the configuration, connects to Redis and binds both listeners.
 // A configuration error is returned as is (every *config.Error in it names
-// the file, line and field).
-func New(opts Options) (srv *Server, err error) {
+// the file, line and field). It is NewContext without a deadline.
+func New(opts Options) (*Server, error) { return NewContext(context.Background(), opts) }
+
+// NewContext is New, giving up (with ctx's error) when ctx ends while the
+// configuration is read.
+func NewContext(ctx context.Context, opts Options) (srv *Server, err error) {
 	if len(opts.ConfigPaths) == 0 {
 		return nil, errors.New("no configuration: give --config FILE (or a directory)")
 	}
@@ -122,7 +126,7 @@ func New(opts Options) (srv *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
-	cfg, err := config.Parse(opts.Defaults, srcs...)
+	cfg, err := config.ParseWith(ctx, opts.parseLimits(), opts.Defaults, srcs...)
 	if err != nil {
 		return nil, fmt.Errorf("configuration:\n%w", err)
 	}
@@ -288,12 +292,12 @@ func (s *Server) watch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.reload()
+			s.reload(ctx)
 		}
 	}
 }
 
-func (s *Server) reload() {
+func (s *Server) reload(ctx context.Context) {
 	srcs, err := config.ReadSources(s.opts.ConfigPaths)
 	if err != nil {
 		s.reloadFailed(fmt.Errorf("reading the configuration: %w", err))
@@ -304,7 +308,10 @@ func (s *Server) reload() {
 		return
 	}
 	s.lastHash = h
-	cfg, err := config.Parse(s.opts.Defaults, srcs...)
+	cfg, err := config.ParseWith(ctx, s.opts.parseLimits(), s.opts.Defaults, srcs...)
+	if ctx.Err() != nil {
+		return // shutting down: the parse was cut short
+	}
 	if err == nil {
 		err = s.svc.Apply(cfg)
 	}
