@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.WatchInterval, "watch-interval", server.DefaultWatchInterval, "how often the configuration files are checked for changes (negative: never)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", server.DefaultDrainTimeout, "at shutdown, how long calls in flight may take to finish")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	boundFlags(fs, &o.Bounds)
+	boundFlags(fs, &o)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

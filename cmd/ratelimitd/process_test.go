@@ -3,16 +3,27 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
 
 // syncBuffer is a bytes.Buffer safe for a process writing and a test
@@ -177,4 +188,124 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// H3: slow clients on the HTTP port, more than it may hold, in a process
+// of 256 file descriptors: gRPC still answers, Redis still gets its
+// connections, the metrics listener still answers, and the slow clients
+// are cut after --http-timeout. Before: about 20,000 slow connections
+// exhausted the descriptors (accept4: too many open files) and both HTTP
+// and gRPC stopped accepting; 3,000 slowloris connections were none
+// closed after 40s.
+func TestSlowClients(t *testing.T) {
+	redis := redistest.Standalone(t)
+	cfg := writeConfig(t, "domain: d\ndescriptors:\n  - key: x\n    rate_limit: {unit: minute, requests_per_unit: 1000000, mode: exact, failure_mode: closed}\n")
+	grpcAddr, httpAddr, metricsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	p := startProcLimited(t, 256, []string{"--config", cfg, "--redis", redis.Addr(), "--redis-pool-size", "16",
+		"--grpc", grpcAddr, "--http", httpAddr, "--metrics", metricsAddr, "--http-timeout", "1s", "--prefix", "slow"})
+	waitReady(t, metricsAddr)
+	// (256 - 16 for Redis - 64 spare) / 3 listeners = 58 connections each
+	if !strings.Contains(p.stderr.String(), `"max_conns_per_listener":58`) {
+		t.Fatalf("connection bound not derived from RLIMIT_NOFILE 256:\n%s", p.stderr.String())
+	}
+	const slow = 300
+	conns := make([]net.Conn, 0, slow)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range slow {
+		c, err := net.DialTimeout("tcp", httpAddr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial %d: %v", len(conns), err)
+		}
+		// headers, then a body that never comes
+		fmt.Fprintf(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+		conns = append(conns, c)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	must(t, err)
+	defer conn.Close()
+	rls := pb.NewRateLimitServiceClient(conn)
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for i := range 32 { // exact rules on new keys, concurrently: Redis needs its connections
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r, err := rls.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{
+				Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "x", Value: fmt.Sprint("k", i, time.Now().UnixNano())}}}}})
+			switch {
+			case err != nil:
+				t.Errorf("gRPC with the HTTP port full of slow clients: %v", err)
+			case r.OverallCode != pb.RateLimitResponse_OK:
+				t.Errorf("an exact rule failing closed answered %v: Redis unreachable", r.OverallCode)
+			default:
+				answered.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	resp, err := http.Get("http://" + metricsAddr + "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz on the metrics listener: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz on the metrics listener: %s", resp.Status)
+	}
+	// every slow client is cut: the server answers or closes
+	start := time.Now()
+	for i, c := range conns {
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := io.ReadAll(c); err != nil {
+			t.Fatalf("slow client %d not cut after %v: %v", i, time.Since(start), err)
+		}
+	}
+	t.Logf("%d of 32 gRPC calls answered; the %d slow clients cut within %v", answered.Load(), slow, time.Since(start))
+	body := `{"domain":"d","descriptors":[{"entries":[{"key":"x","value":"after"}]}]}`
+	resp, err = http.Post("http://"+httpAddr+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("/v1/check after the slow clients: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/v1/check after the slow clients: %s", resp.Status)
+	}
+	must(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	if err := p.waitExit(t, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	logs := p.stderr.String()
+	if strings.Contains(logs, "too many open files") {
+		t.Errorf("ran out of file descriptors:\n%s", logs)
+	}
+	jsonLogs(t, logs)
+}
+
+// startProcLimited is startProc in a shell that first lowers RLIMIT_NOFILE
+// (soft and hard) to nofile.
+func startProcLimited(t *testing.T, nofile int, args []string, env ...string) *proc {
+	t.Helper()
+	sh := []string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), binary(t)}
+	p := &proc{cmd: exec.Command("bash", append(sh, args...)...), stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("stderr:\n%s", p.stderr.String())
+		}
+	})
+	return p
 }

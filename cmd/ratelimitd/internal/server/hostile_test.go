@@ -222,3 +222,37 @@ func TestHostileConfig(t *testing.T) {
 		t.Error("no call answered while the bomb was refused")
 	}
 }
+
+// /metrics can be served apart (--metrics), off the HTTP port; an HTTP
+// port reachable from other hosts is warned of at startup.
+func TestMetricsApart(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"h.yaml": hostileConfig})
+	d := start(t, redis.Addr(), dir, func(o *server.Options) { o.MetricsAddr = "127.0.0.1:0" })
+	get := func(addr, path string) int {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(d.srv.HTTPAddr(), "/metrics"); got != http.StatusNotFound {
+		t.Errorf("/metrics on the HTTP port with --metrics: %d", got)
+	}
+	for _, p := range []string{"/metrics", "/readyz", "/healthz"} {
+		if got := get(d.srv.MetricsAddr(), p); got != http.StatusOK {
+			t.Errorf("%s on the metrics port: %d", p, got)
+		}
+	}
+	if got := get(d.srv.HTTPAddr(), "/readyz"); got != http.StatusOK {
+		t.Errorf("/readyz on the HTTP port: %d", got)
+	}
+	if strings.Contains(d.logs.String(), "reachable from other hosts") {
+		t.Errorf("a warning for loopback listeners:\n%s", d.logs.String())
+	}
+	open := start(t, redis.Addr(), dir, func(o *server.Options) { o.HTTPAddr = ":0" })
+	if !strings.Contains(open.logs.String(), `"msg":"/v1/check and /metrics are reachable from other hosts`) {
+		t.Errorf("no warning for an HTTP port on every interface:\n%s", open.logs.String())
+	}
+}

@@ -49,6 +49,9 @@ type Options struct {
 
 	GRPCAddr string // default ":8081"
 	HTTPAddr string // default ":8080"
+	// MetricsAddr, when set, serves /metrics (and /healthz, /readyz) on
+	// a listener of its own, and no longer on HTTPAddr.
+	MetricsAddr string
 
 	// Defaults are the mode, algorithm and failure mode of rules that do not
 	// name theirs (zero: strict, fixed_window, local).
@@ -81,6 +84,10 @@ type Server struct {
 	health   *health.Server
 	http     *http.Server
 	draining atomic.Bool
+
+	// the metrics listener and server; nil unless MetricsAddr is set
+	metricsLis net.Listener
+	metrics    *http.Server
 
 	// owned by the watcher goroutine
 	lastHash [32]byte
@@ -158,7 +165,10 @@ func NewContext(ctx context.Context, opts Options) (srv *Server, err error) {
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.http = &http.Server{Handler: s.routes(true), ReadHeaderTimeout: 10 * time.Second}
+	if err := s.guard(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -189,6 +199,15 @@ func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 // HTTPAddr returns the address the HTTP server listens on.
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 
+// MetricsAddr returns the address of the metrics listener ("" when the
+// metrics are served on the HTTP listener).
+func (s *Server) MetricsAddr() string {
+	if s.metricsLis == nil {
+		return ""
+	}
+	return s.metricsLis.Addr().String()
+}
+
 // Service returns the service the servers answer with.
 func (s *Server) Service() *service.Service { return s.svc }
 
@@ -199,7 +218,7 @@ func (s *Server) Service() *service.Service { return s.svc }
 func (s *Server) Run(ctx context.Context) error {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(pb.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
+	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "metrics", s.MetricsAddr())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -213,6 +232,14 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if s.metrics != nil {
+		g.Go(func() error {
+			if err := s.metrics.Serve(s.metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics server: %w", err)
+			}
+			return nil
+		})
+	}
 	if s.opts.WatchInterval > 0 {
 		g.Go(func() error {
 			s.watch(gctx)
@@ -250,6 +277,9 @@ func (s *Server) drain() {
 		s.log.Warn("http calls still in flight at the drain timeout were cut", "error", err.Error())
 		s.http.Close()
 	}
+	if s.metrics != nil && s.metrics.Shutdown(ctx) != nil {
+		s.metrics.Close()
+	}
 	select {
 	case <-stopped:
 	case <-ctx.Done():
@@ -267,7 +297,7 @@ func (s *Server) closeAll() error {
 	if s.svc != nil {
 		err = s.svc.Close()
 	}
-	for _, l := range []net.Listener{s.grpcLis, s.httpLis} {
+	for _, l := range []net.Listener{s.grpcLis, s.httpLis, s.metricsLis} {
 		if l != nil {
 			l.Close()
 		}
