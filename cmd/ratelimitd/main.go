@@ -40,7 +40,8 @@ func main() {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 	default:
-		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
+		// as JSON, as every log: the error may come after others
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("ratelimitd: exiting", "error", err.Error())
 		os.Exit(1)
 	}
 }
@@ -109,6 +110,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	routeLibraryLogs(log)
 	var err error
 	if o.Defaults.Mode, err = config.ParseMode(mode); err != nil {
 		return fmt.Errorf("--mode: %w", err)

@@ -309,3 +309,69 @@ func startProcLimited(t *testing.T, nofile int, args []string, env ...string) *p
 	})
 	return p
 }
+
+// A wrong --redis: the startup says so with the dial error, /readyz gives
+// the dial error (not "context deadline exceeded"), decisions follow the
+// failure modes, and every log line, go-redis's included, is JSON.
+// Before: "serving" with no warning, 25 plain-text "failed to dial" lines
+// from go-redis, and /readyz "redis unreachable: context deadline
+// exceeded".
+func TestWrongRedis(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	dead := l.Addr().String()
+	l.Close() // nothing listens there now: connection refused
+	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
+	p := startProc(t, []string{"--config", writeConfig(t, goodConfig), "--redis", dead, "--grpc", grpcAddr, "--http", httpAddr, "--timeout", "100ms"})
+	var body string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz: %v %q", err, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(body, "redis unreachable: dial tcp "+dead) || !strings.Contains(body, "connection refused") {
+		t.Errorf("/readyz says %q, want the dial error", body)
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	must(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "d", Descriptors: []*rlcommon.RateLimitDescriptor{{
+		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil || len(r.Statuses) != 1 {
+		t.Errorf("a decision with Redis unreachable: %v %v", r, err)
+	}
+	must(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	if err := p.waitExit(t, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	var startup, fromRedis bool
+	for _, rec := range jsonLogs(t, p.stderr.String()) {
+		msg, _ := rec["msg"].(string)
+		errText, _ := rec["error"].(string)
+		if strings.HasPrefix(msg, "redis does not answer at startup") && strings.Contains(errText, "connection refused") && rec["level"] == "WARN" {
+			startup = true
+		}
+		if rec["from"] == "go-redis" {
+			fromRedis = true
+		}
+	}
+	if !startup {
+		t.Errorf("no startup warning with the dial error:\n%s", p.stderr.String())
+	}
+	if !fromRedis {
+		t.Logf("go-redis logged nothing this time")
+	}
+}

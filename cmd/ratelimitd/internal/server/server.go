@@ -142,7 +142,7 @@ func NewContext(ctx context.Context, opts Options) (srv *Server, err error) {
 		return nil, err
 	}
 	s.svc, err = service.New(service.Options{
-		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
+		Client: s.client, RedisAddrs: opts.RedisAddrs, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
 		MaxDescriptors: opts.MaxDescriptors, MaxEntries: opts.MaxEntries, MaxRuleLabels: opts.MaxRuleLabels,
 		Defaults: opts.Defaults, Logger: s.log,

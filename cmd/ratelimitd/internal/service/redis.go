@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +25,10 @@ type RedisOptions struct {
 	// Client is the Redis client of every limiter (standalone, Sentinel or
 	// Cluster). The caller closes it after the backend.
 	Client redis.UniversalClient
+	// Addrs are the addresses Client was made with; when Redis does not
+	// answer, Ready and the startup check dial them to report why (a
+	// refused connection, an unknown host) rather than a bare timeout.
+	Addrs []string
 	// Prefix starts the backend's own Redis keys; default DefaultPrefix.
 	Prefix string
 	// Timeout bounds every wait on Redis of a decision (default
@@ -47,7 +53,9 @@ type redisBackend struct {
 	log *slog.Logger
 }
 
-// NewRedisBackend returns the Redis backend.
+// NewRedisBackend returns the Redis backend. It checks that Redis answers
+// (within 4 timeouts, at least 1s), and logs why not when it does not:
+// decisions then follow the rules' failure modes until it does.
 func NewRedisBackend(o RedisOptions) (Backend, error) {
 	if o.Client == nil {
 		return nil, errors.New("service: a Redis client is required")
@@ -64,8 +72,19 @@ func NewRedisBackend(o RedisOptions) (Backend, error) {
 	if o.Instances < 0 || o.MaxKeys < 0 || o.SyncInterval < 0 {
 		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")
 	}
-	return &redisBackend{o: o, log: o.Logger}, nil
+	b := &redisBackend{o: o, log: o.Logger}
+	ctx, cancel := context.WithTimeout(context.Background(), b.callTimeout())
+	defer cancel()
+	if err := o.Client.Ping(ctx).Err(); err != nil {
+		b.log.Warn("redis does not answer at startup: decisions follow the rules' failure modes until it does",
+			"redis", strings.Join(o.Addrs, ","), "error", b.explain(ctx, err).Error())
+	}
+	return b, nil
 }
+
+// callTimeout bounds a call of the backend's own: as long as a hybrid
+// limiter's calls.
+func (b *redisBackend) callTimeout() time.Duration { return max(time.Second, 4*b.o.Timeout) }
 
 // Ready returns nil when Redis answers a PING within the timeout (at
 // least 250ms).
@@ -73,9 +92,30 @@ func (b *redisBackend) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(b.o.Timeout, 250*time.Millisecond))
 	defer cancel()
 	if err := b.o.Client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis unreachable: %w", err)
+		return fmt.Errorf("redis unreachable: %w", b.explain(ctx, err))
 	}
 	return nil
+}
+
+// explain replaces a timeout or a network error, which say little
+// (go-redis retries a refused dial until the deadline), by the error of
+// dialling the Redis addresses, when one fails.
+func (b *redisBackend) explain(ctx context.Context, err error) error {
+	var ne net.Error
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.As(err, &ne) {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(b.o.Timeout, 250*time.Millisecond))
+	defer cancel()
+	var d net.Dialer
+	for _, a := range b.o.Addrs {
+		c, derr := d.DialContext(dctx, "tcp", a)
+		if derr != nil {
+			return derr
+		}
+		c.Close()
+	}
+	return err
 }
 
 // Close does nothing: the limiters are closed by the Service.

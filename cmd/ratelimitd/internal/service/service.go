@@ -38,6 +38,9 @@ type Options struct {
 	// makes when Backend is nil. The Service adds a hook to it that counts
 	// round trips; the caller closes it after Close.
 	Client redis.UniversalClient
+	// RedisAddrs are the addresses Client was made with: when Redis cannot
+	// be reached, Ready says why (a refused dial, an unknown host).
+	RedisAddrs []string
 	// Backend, when not nil, makes the limiters instead of the Redis
 	// backend (Client, Timeout, SyncInterval, Instances and MaxKeys then
 	// do not apply to them). The Service closes it in Close.
@@ -194,7 +197,7 @@ func New(opts Options) (*Service, error) {
 	if s.backend == nil {
 		var err error
 		s.backend, err = NewRedisBackend(RedisOptions{
-			Client: opts.Client, Prefix: opts.Prefix, Timeout: opts.Timeout,
+			Client: opts.Client, Addrs: opts.RedisAddrs, Prefix: opts.Prefix, Timeout: opts.Timeout,
 			SyncInterval: opts.SyncInterval, Instances: opts.Instances, MaxKeys: opts.MaxKeys, Logger: opts.Logger,
 		})
 		if err != nil {
