@@ -256,3 +256,78 @@ func TestMetricsApart(t *testing.T) {
 		t.Errorf("no warning for an HTTP port on every interface:\n%s", open.logs.String())
 	}
 }
+
+// A full Redis (maxmemory with noeviction) answers PING but refuses every
+// write, so it serves no limiter: every limiter is reported degraded,
+// /readyz says so with Redis's own error, and the log says it once, not
+// "redis reachable again" at every probe. Before: the breaker flapped 16
+// times in 16s logging "redis reachable again" while every write failed;
+// ratelimit_degraded read 0 and /readyz answered 200 throughout.
+func TestFullRedis(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"h.yaml": hostileConfig})
+	d := start(t, redis.Addr(), dir, func(o *server.Options) { o.Prefix = uniq("oom"); o.Timeout = 100 * time.Millisecond })
+	d.call(t, rq("h", desc("strict", "a"), desc("exact", "a"), desc("open", "a")))
+	degraded := func() (n, ones int) {
+		f := scrape(t, d)["ratelimit_degraded"]
+		for _, m := range f.GetMetric() {
+			n++
+			if m.GetGauge().GetValue() == 1 {
+				ones++
+			}
+		}
+		return n, ones
+	}
+	if n, ones := degraded(); n != 3 || ones != 0 {
+		t.Fatalf("before: %d of %d limiters degraded", ones, n)
+	}
+	if code, _ := httpGet(t, d, "/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz before: %d", code)
+	}
+	c := redis.Client()
+	defer c.Close()
+	ctx := context.Background()
+	must(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	must(t, c.ConfigSet(ctx, "maxmemory", "1mb").Err())
+	defer c.ConfigSet(ctx, "maxmemory", "0")
+	big := strings.Repeat("x", 10<<10)
+	for i := 0; ; i++ {
+		if err := c.Set(ctx, fmt.Sprint("fill:", i), big, 0).Err(); err != nil {
+			if !strings.Contains(err.Error(), "OOM") {
+				t.Fatalf("filling Redis: %v", err)
+			}
+			break
+		}
+	}
+	full := len(d.logs.String())
+	// decisions go on, by the failure modes
+	stop := time.Now().Add(3 * time.Second)
+	for time.Now().Before(stop) {
+		d.call(t, rq("h", desc("strict", uniq("k")), desc("exact", uniq("k")), desc("open", uniq("k"))))
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n, ones := degraded(); ones != n || n != 3 {
+		t.Errorf("Redis full: %d of %d limiters degraded, want all", ones, n)
+	}
+	code, body := httpGet(t, d, "/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "redis refuses writes: OOM") {
+		t.Errorf("/readyz with Redis full: %d %q", code, body)
+	}
+	during := d.logs.String()[full:]
+	if n := strings.Count(during, `"msg":"redis refuses writes`); n != 1 {
+		t.Errorf("%d logs of the refusal, want 1:\n%s", n, during)
+	}
+	if strings.Contains(during, `"level":"INFO","msg":"redis reachable again"`) {
+		t.Errorf("\"redis reachable again\" logged while Redis refused every write:\n%s", during)
+	}
+	must(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+	eventually(t, 10*time.Second, "/readyz back", func() bool { code, _ := httpGet(t, d, "/readyz"); return code == http.StatusOK })
+	eventually(t, 10*time.Second, "no limiter degraded", func() bool {
+		d.call(t, rq("h", desc("strict", uniq("k")), desc("exact", uniq("k")), desc("open", uniq("k"))))
+		_, ones := degraded()
+		return ones == 0
+	})
+	if !strings.Contains(d.logs.String(), `"msg":"redis serves again"`) {
+		t.Error("no log of the recovery")
+	}
+}

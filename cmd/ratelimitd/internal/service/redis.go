@@ -2,11 +2,14 @@ package service
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/hybridlimit/ratelimit/local"
 )
 
@@ -42,20 +46,45 @@ type RedisOptions struct {
 	Instances int
 	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's).
 	MaxKeys int
+	// HealthInterval is how often the backend heartbeats in Redis (default
+	// 1s): it registers this process in the fleet registry (a sorted set
+	// under Prefix) and learns the fleet's size. Being a write, the
+	// heartbeat also tells whether Redis serves the limiters, all of whose
+	// calls write: a Redis out of memory (maxmemory with noeviction),
+	// read-only or unable to persist answers a PING but refuses it; the
+	// backend then reports every limiter degraded and itself not ready.
+	HealthInterval time.Duration
 	// Logger receives the backend's logs (default slog.Default()).
 	Logger *slog.Logger
 }
+
+// DefaultHealthInterval is the default RedisOptions.HealthInterval.
+const DefaultHealthInterval = time.Second
 
 // redisBackend counts with the hybrid limiters (modes strict and
 // optimistic) and the global ones (mode exact) of the library.
 type redisBackend struct {
 	o   RedisOptions
 	log *slog.Logger
+	id  string
+
+	fleet  atomic.Int64             // fleet size learned from heartbeats; 0 while never learned
+	health atomic.Pointer[healthAt] // the last heartbeat's outcome
+
+	stop, done chan struct{}
+	closeOnce  sync.Once
 }
 
-// NewRedisBackend returns the Redis backend. It checks that Redis answers
-// (within 4 timeouts, at least 1s), and logs why not when it does not:
-// decisions then follow the rules' failure modes until it does.
+// healthAt is the outcome of one heartbeat.
+type healthAt struct {
+	err error // nil: Redis took the write
+	at  time.Time
+}
+
+// NewRedisBackend returns the Redis backend. It heartbeats once before it
+// returns (within 4 timeouts, at least 1s), and logs why Redis does not
+// serve when it does not: decisions then follow the rules' failure modes
+// until it does. Then it heartbeats every HealthInterval until Close.
 func NewRedisBackend(o RedisOptions) (Backend, error) {
 	if o.Client == nil {
 		return nil, errors.New("service: a Redis client is required")
@@ -69,29 +98,136 @@ func NewRedisBackend(o RedisOptions) (Backend, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = DefaultHealthInterval
+	}
 	if o.Instances < 0 || o.MaxKeys < 0 || o.SyncInterval < 0 {
 		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")
 	}
-	b := &redisBackend{o: o, log: o.Logger}
-	ctx, cancel := context.WithTimeout(context.Background(), b.callTimeout())
-	defer cancel()
-	if err := o.Client.Ping(ctx).Err(); err != nil {
-		b.log.Warn("redis does not answer at startup: decisions follow the rules' failure modes until it does",
-			"redis", strings.Join(o.Addrs, ","), "error", b.explain(ctx, err).Error())
+	var id [9]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return nil, err
 	}
+	b := &redisBackend{o: o, log: o.Logger, id: base64.RawURLEncoding.EncodeToString(id[:]),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	switch err := b.heartbeat(context.Background()); {
+	case refusal(err):
+		b.log.Warn("redis refuses writes at startup: decisions follow the rules' failure modes until it takes them",
+			"redis", strings.Join(o.Addrs, ","), "error", err.Error())
+	case err != nil:
+		b.log.Warn("redis does not answer at startup: decisions follow the rules' failure modes until it does",
+			"redis", strings.Join(o.Addrs, ","), "error", b.explain(context.Background(), err).Error())
+	}
+	go b.loop()
 	return b, nil
 }
+
+// loop heartbeats every HealthInterval until Close, logging each change
+// between serving and not.
+func (b *redisBackend) loop() {
+	defer close(b.done)
+	t := time.NewTicker(b.o.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			b.heartbeat(context.Background())
+		}
+	}
+}
+
+// heartbeat registers this process in the fleet registry, learns the
+// fleet's size, and notes whether Redis took the write.
+func (b *redisBackend) heartbeat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.callTimeout())
+	defer cancel()
+	live := 3 * b.o.HealthInterval.Milliseconds()
+	n, err := script.Instances.Run(ctx, b.o.Client, []string{b.fleetKey()}, b.id, live, "1").Int64()
+	b.note(err)
+	if err == nil && n > 0 {
+		b.fleet.Store(n)
+	}
+	return err
+}
+
+// note records the outcome of a write (a heartbeat, or a limiter's call
+// Redis refused), logging each change between serving and not: once when
+// Redis starts refusing writes or stops answering, once when it serves
+// again.
+func (b *redisBackend) note(err error) {
+	prev := b.health.Swap(&healthAt{err: err, at: time.Now()})
+	if prev == nil { // the first heartbeat: NewRedisBackend says it
+		return
+	}
+	switch {
+	case refusal(err) && !refusal(prev.err):
+		b.log.Warn("redis refuses writes: every limiter decides by its failure mode until it takes them again", "error", err.Error())
+	case err != nil && !refusal(err) && prev.err == nil:
+		b.log.Warn("redis does not answer the heartbeat", "error", b.explain(context.Background(), err).Error())
+	case err == nil && prev.err != nil:
+		b.log.Info("redis serves again")
+	}
+}
+
+func (b *redisBackend) fleetKey() string { return script.InstancesKey(b.o.Prefix + ":fleet") }
+
+// refusing reports whether Redis refused the last write noted, with an
+// error of its own (OOM, READONLY, MISCONF, NOAUTH...): it answers, but
+// serves no limiter, every one of whose calls writes. A heartbeat that
+// timed out does not count: a slow Redis is the breakers' business.
+func (b *redisBackend) refusing() bool {
+	h := b.health.Load()
+	return h != nil && refusal(h.err)
+}
+
+// refusal reports whether err is Redis refusing a write: out of memory,
+// read-only, unable to persist, or not allowed.
+func refusal(err error) bool {
+	if !isRedisError(err) {
+		return false
+	}
+	var re redis.Error
+	errors.As(err, &re)
+	msg := re.Error()
+	for _, p := range []string{"OOM ", "READONLY ", "MISCONF ", "NOAUTH ", "NOPERM ", "WRONGPASS ", "MASTERDOWN "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func isRedisError(err error) bool {
+	var re redis.Error
+	return err != nil && errors.As(err, &re) && !errors.Is(err, redis.Nil)
+}
+
+// degraded adds to a limiter's own breaker state what the heartbeat knows:
+// a Redis that refuses writes serves no limiter.
+func (b *redisBackend) degraded(own bool) bool { return own || b.refusing() }
 
 // callTimeout bounds a call of the backend's own: as long as a hybrid
 // limiter's calls.
 func (b *redisBackend) callTimeout() time.Duration { return max(time.Second, 4*b.o.Timeout) }
 
-// Ready returns nil when Redis answers a PING within the timeout (at
-// least 250ms).
+// Ready returns nil when Redis answers a PING and takes the heartbeat's
+// write within the timeout (at least 250ms); else why not: the dial error
+// when Redis cannot be reached, Redis's own error when it refuses writes.
 func (b *redisBackend) Ready(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, max(b.o.Timeout, 250*time.Millisecond))
 	defer cancel()
 	if err := b.o.Client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis unreachable: %w", b.explain(ctx, err))
+	}
+	if err := b.heartbeat(ctx); err != nil {
+		if refusal(err) {
+			return fmt.Errorf("redis refuses writes: %w", err)
+		}
+		if isRedisError(err) {
+			return fmt.Errorf("redis fails the heartbeat: %w", err)
+		}
 		return fmt.Errorf("redis unreachable: %w", b.explain(ctx, err))
 	}
 	return nil
@@ -118,8 +254,18 @@ func (b *redisBackend) explain(ctx context.Context, err error) error {
 	return err
 }
 
-// Close does nothing: the limiters are closed by the Service.
-func (b *redisBackend) Close() error { return nil }
+// Close stops the heartbeats and leaves the fleet registry (the limiters
+// are closed by the Service).
+func (b *redisBackend) Close() error {
+	b.closeOnce.Do(func() {
+		close(b.stop)
+		<-b.done
+		ctx, cancel := context.WithTimeout(context.Background(), b.callTimeout())
+		defer cancel()
+		script.Instances.Run(ctx, b.o.Client, []string{b.fleetKey()}, b.id, 3*b.o.HealthInterval.Milliseconds(), "0")
+	})
+	return nil
+}
 
 func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
 	if spec.Mode == config.Exact {
@@ -149,13 +295,13 @@ func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &hybridMulti{Multi: m}, nil
+		return &hybridMulti{Multi: m, b: b}, nil
 	}
 	h, err := hybrid.New(b.o.Client, spec.Limits[0], opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &hybridLimiter{Limiter: h}, nil
+	return &hybridLimiter{Limiter: h, b: b}, nil
 }
 
 // newExact makes the global limiter of an exact rule.
@@ -181,23 +327,42 @@ func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &globalMulti{Multi: m, fb: fb}, nil
+		return &globalMulti{Multi: m, fb: fb, b: b}, nil
 	}
 	g, err := global.New(b.o.Client, spec.Limits[0], opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &globalLimiter{Limiter: g}, nil
+	return &globalLimiter{Limiter: g, b: b}, nil
 }
 
 func (b *redisBackend) observe(name string, failure ratelimit.FailureMode, ev hybrid.Event) {
+	if refusal(ev.Err) && !b.refusing() {
+		// Known before the next heartbeat: the probe that closes the
+		// hybrid's breaker writes nothing, and Redis answers it.
+		b.note(ev.Err)
+	}
 	switch ev.Kind {
 	case hybrid.EventDegraded:
-		b.log.Warn("redis unreachable: deciding by the failure mode", "limiter", name, "failure_mode", failure.String())
+		lvl := slog.LevelWarn
+		if b.refusing() { // said once already, by the heartbeat
+			lvl = slog.LevelDebug
+		}
+		b.log.Log(context.Background(), lvl, "redis unreachable: deciding by the failure mode", "limiter", name, "failure_mode", failure.String())
 	case hybrid.EventRecovered:
+		if b.refusing() {
+			// The hybrid's breaker closes on a probe that writes nothing,
+			// which a Redis refusing writes answers.
+			b.log.Debug("circuit breaker closed by a probe, but redis still refuses writes", "limiter", name)
+			return
+		}
 		b.log.Info("redis reachable again", "limiter", name)
 	case hybrid.EventFlushError:
-		b.log.Warn("background sync failed; it will be retried", "limiter", name, "error", errString(ev.Err))
+		lvl := slog.LevelWarn
+		if b.refusing() {
+			lvl = slog.LevelDebug
+		}
+		b.log.Log(context.Background(), lvl, "background sync failed; it will be retried", "limiter", name, "error", errString(ev.Err))
 	}
 }
 
@@ -209,20 +374,26 @@ func errString(err error) string {
 }
 
 // hybridLimiter is a hybrid limiter of one limit.
-type hybridLimiter struct{ *hybrid.Limiter }
+type hybridLimiter struct {
+	*hybrid.Limiter
+	b *redisBackend
+}
 
 func (h *hybridLimiter) Stats() LimiterStats {
 	st := h.Limiter.Stats()
 	return LimiterStats{Fallback: st.Fallback, LocalDecisions: st.LocalDecisions, Leases: st.Leases,
 		Tracked: true, KeysTracked: st.KeysTracked, Instances: st.Instances,
-		DegradedKnown: true, Degraded: st.Degraded}
+		DegradedKnown: true, Degraded: h.b.degraded(st.Degraded)}
 }
 
 // hybridMulti is a hybrid limiter of several limits. Its counters are
 // summed over the limits (a decision on three limits counts three), its
 // keys are the most any limit tracks, its instances what the first
 // learned.
-type hybridMulti struct{ *hybrid.Multi }
+type hybridMulti struct {
+	*hybrid.Multi
+	b *redisBackend
+}
 
 func (h *hybridMulti) Stats() LimiterStats {
 	var st LimiterStats
@@ -236,15 +407,18 @@ func (h *hybridMulti) Stats() LimiterStats {
 			st.Instances = x.Instances
 		}
 	}
-	st.Tracked, st.DegradedKnown = true, true
+	st.Tracked, st.DegradedKnown, st.Degraded = true, true, h.b.degraded(st.Degraded)
 	return st
 }
 
 // globalLimiter is a global limiter of one limit (mode exact).
-type globalLimiter struct{ *global.Limiter }
+type globalLimiter struct {
+	*global.Limiter
+	b *redisBackend
+}
 
 func (g *globalLimiter) Stats() LimiterStats {
-	return LimiterStats{Fallback: g.FallbackDecisions(), DegradedKnown: true, Degraded: g.Degraded()}
+	return LimiterStats{Fallback: g.FallbackDecisions(), DegradedKnown: true, Degraded: g.b.degraded(g.Degraded())}
 }
 
 func (g *globalLimiter) Flush(context.Context) error { return nil }
@@ -252,17 +426,21 @@ func (g *globalLimiter) Close() error                { return nil }
 
 // globalMulti is a global limiter of several limits. global.Multi reports
 // neither its fallback decisions nor its breaker: those of the local
-// failure mode are counted here, the others' are not, and its breaker
-// state is not known.
+// failure mode are counted here, the others' are not, and it is known
+// degraded only when Redis refuses writes.
 type globalMulti struct {
 	*global.Multi
 	fb *fleetFallback // nil unless the failure mode is local
+	b  *redisBackend
 }
 
 func (g *globalMulti) Stats() LimiterStats {
 	var st LimiterStats
 	if g.fb != nil {
 		st.Fallback = g.fb.n.Load()
+	}
+	if g.b.refusing() {
+		st.DegradedKnown, st.Degraded = true, true
 	}
 	return st
 }
