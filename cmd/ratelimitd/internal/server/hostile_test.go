@@ -331,3 +331,38 @@ func TestFullRedis(t *testing.T) {
 		t.Error("no log of the recovery")
 	}
 }
+
+// mode exact with failure_mode local and --instances 0: while Redis is
+// down each process admits the limit shared by the fleet it learned from
+// heartbeats. Before: each of two replicas admitted the whole limit (2,000
+// per window for 1,000).
+func TestExactLocalFleet(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"x.yaml": "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100, mode: exact}\n"})
+	inOneWindow(t, time.Minute, 20*time.Second, func(s *soft, sfx string) {
+		tweak := func(o *server.Options) { o.Prefix, o.Timeout = "fleet-"+sfx, 100*time.Millisecond }
+		a, b := start(t, redis.Addr(), dir, tweak), start(t, redis.Addr(), dir, tweak)
+		const limiter = "exact fixed_window 100/60s local"
+		for _, d := range []*daemon{a, b} {
+			eventually(t, 10*time.Second, "the fleet of 2 learned", func() bool {
+				v, _ := metric(scrape(t, d), "ratelimit_instances", "limiter", limiter)
+				return v == 2
+			})
+		}
+		must(t, redis.Freeze())
+		defer redis.Thaw()
+		admitted := 0
+		for _, d := range []*daemon{a, b} {
+			n := 0
+			for range 120 {
+				if codes(d.call(t, rq("x", desc("k", "hot")))) == "OK:OK" {
+					n++
+				}
+			}
+			s.expect("one process's share of 100 between 2", n, 50)
+			admitted += n
+		}
+		s.expect("the fleet's window with Redis down", admitted, 100)
+		must(t, redis.Thaw())
+	})
+}

@@ -65,11 +65,11 @@ type LimiterStats struct {
 	Fallback       uint64 // decisions taken by the failure mode
 	LocalDecisions uint64 // decisions taken in memory without waiting on the store
 	Leases         uint64 // grants of quota received from the store
-	// Tracked says that KeysTracked and Instances are meaningful (the
-	// hybrid limiters and the memory backend).
+	// Tracked says that KeysTracked is meaningful (the hybrid limiters
+	// and the memory backend).
 	Tracked     bool
 	KeysTracked int // keys held in memory
-	Instances   int // processes sharing the quota, as last learned
+	Instances   int // processes sharing the quota, as last learned; 0: not known
 	// DegradedKnown says that Degraded is meaningful.
 	DegradedKnown bool
 	Degraded      bool // deciding without the store (its circuit breaker is open)

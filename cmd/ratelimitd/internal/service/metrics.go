@@ -113,7 +113,7 @@ var (
 	keysDesc = prometheus.NewDesc("ratelimit_keys_tracked",
 		"Keys a hybrid limiter holds in memory.", []string{"limiter"}, nil)
 	instancesDesc = prometheus.NewDesc("ratelimit_instances",
-		"Instances sharing a hybrid limiter's quota, as it last learned.", []string{"limiter"}, nil)
+		"Instances sharing a limiter's quota, as it last learned (an exact limiter failing local: the fleet its local budget is shared by).", []string{"limiter"}, nil)
 	degradedDesc = prometheus.NewDesc("ratelimit_degraded",
 		"1 while a limiter decides without Redis (its circuit breaker is open).", []string{"limiter"}, nil)
 	limitersDesc = prometheus.NewDesc("ratelimit_limiters",
@@ -151,6 +151,8 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 		leases += st.Leases
 		if st.Tracked {
 			ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, float64(st.KeysTracked), name)
+		}
+		if st.Instances > 0 {
 			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(st.Instances), name)
 		}
 		if st.DegradedKnown {

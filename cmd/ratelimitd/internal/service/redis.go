@@ -40,9 +40,11 @@ type RedisOptions struct {
 	Timeout time.Duration
 	// SyncInterval is the hybrid limiters' sync interval (0: the library's).
 	SyncInterval time.Duration
-	// Instances fixes the fleet size; 0 lets the hybrid limiters learn it
-	// from heartbeats. Exact rules with failure mode local admit Rate /
-	// Instances (Rate when 0) per window while Redis is unreachable.
+	// Instances fixes the fleet size; 0 learns it from heartbeats (the
+	// hybrid limiters' own, and the backend's, see HealthInterval). Exact
+	// rules with failure mode local admit Rate / fleet size per window
+	// while Redis is unreachable (the fleet size assumed while never
+	// learned: 16, as the hybrid limiters assume).
 	Instances int
 	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's).
 	MaxKeys int
@@ -61,6 +63,11 @@ type RedisOptions struct {
 // DefaultHealthInterval is the default RedisOptions.HealthInterval.
 const DefaultHealthInterval = time.Second
 
+// unknownFleet is the fleet size assumed before any heartbeat told it,
+// as the hybrid limiter assumes: taking it for one would let a fleet of N
+// admit N times the limit while Redis is away.
+const unknownFleet = 16
+
 // redisBackend counts with the hybrid limiters (modes strict and
 // optimistic) and the global ones (mode exact) of the library.
 type redisBackend struct {
@@ -70,6 +77,9 @@ type redisBackend struct {
 
 	fleet  atomic.Int64             // fleet size learned from heartbeats; 0 while never learned
 	health atomic.Pointer[healthAt] // the last heartbeat's outcome
+
+	mu        sync.Mutex
+	fallbacks map[*fleetFallback]bool // exact rules' local failure modes, sized by the fleet
 
 	stop, done chan struct{}
 	closeOnce  sync.Once
@@ -109,7 +119,7 @@ func NewRedisBackend(o RedisOptions) (Backend, error) {
 		return nil, err
 	}
 	b := &redisBackend{o: o, log: o.Logger, id: base64.RawURLEncoding.EncodeToString(id[:]),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		fallbacks: map[*fleetFallback]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
 	switch err := b.heartbeat(context.Background()); {
 	case refusal(err):
 		b.log.Warn("redis refuses writes at startup: decisions follow the rules' failure modes until it takes them",
@@ -146,10 +156,37 @@ func (b *redisBackend) heartbeat(ctx context.Context) error {
 	live := 3 * b.o.HealthInterval.Milliseconds()
 	n, err := script.Instances.Run(ctx, b.o.Client, []string{b.fleetKey()}, b.id, live, "1").Int64()
 	b.note(err)
-	if err == nil && n > 0 {
-		b.fleet.Store(n)
+	if err == nil && n > 0 && b.fleet.Swap(n) != n {
+		b.resize()
 	}
 	return err
+}
+
+// fleetSize is the number of processes the local failure mode of an exact
+// rule shares a limit among: Instances when given, else the size learned
+// from heartbeats, unknownFleet while never learned.
+func (b *redisBackend) fleetSize() int64 {
+	if b.o.Instances > 0 {
+		return int64(b.o.Instances)
+	}
+	if n := b.fleet.Load(); n > 0 {
+		return n
+	}
+	return unknownFleet
+}
+
+// resize sizes every exact rule's local failure mode to the fleet. It
+// runs after a heartbeat that reached Redis, when the failure modes are
+// (nearly always) not deciding: an outage keeps the budget of the last
+// size known.
+func (b *redisBackend) resize() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for f := range b.fallbacks {
+		if err := f.resize(b.fleetSize()); err != nil {
+			b.log.Warn("resizing a local failure mode", "error", err.Error())
+		}
+	}
 }
 
 // note records the outcome of a write (a heartbeat, or a limiter's call
@@ -304,7 +341,8 @@ func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
 	return &hybridLimiter{Limiter: h, b: b}, nil
 }
 
-// newExact makes the global limiter of an exact rule.
+// newExact makes the global limiter of an exact rule. Its local failure
+// mode admits the rule's limit shared by the fleet (see fleetSize).
 func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 	opts := []global.Option{
 		global.WithAlgorithms(spec.Algorithms...), global.WithPrefix(spec.Prefix),
@@ -313,7 +351,13 @@ func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 	var fb *fleetFallback
 	if spec.FailureMode == ratelimit.FailLocal {
 		fb = &fleetFallback{limits: spec.Limits, algs: spec.Algorithms}
-		if err := fb.resize(int64(max(1, b.o.Instances))); err != nil {
+		b.mu.Lock()
+		err := fb.resize(b.fleetSize())
+		if err == nil {
+			b.fallbacks[fb] = true
+		}
+		b.mu.Unlock()
+		if err != nil {
 			return nil, fmt.Errorf("local fallback: %w", err)
 		}
 		if len(spec.Limits) > 1 {
@@ -322,18 +366,35 @@ func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 			opts = append(opts, global.WithFallback(fb))
 		}
 	}
+	var (
+		lim Limiter
+		err error
+	)
 	if len(spec.Limits) > 1 {
-		m, err := global.NewMulti(b.o.Client, spec.Limits, opts...)
-		if err != nil {
-			return nil, err
+		var m *global.Multi
+		if m, err = global.NewMulti(b.o.Client, spec.Limits, opts...); err == nil {
+			lim = &globalMulti{Multi: m, fb: fb, b: b}
 		}
-		return &globalMulti{Multi: m, fb: fb, b: b}, nil
+	} else {
+		var g *global.Limiter
+		if g, err = global.New(b.o.Client, spec.Limits[0], opts...); err == nil {
+			lim = &globalLimiter{Limiter: g, fb: fb, b: b}
+		}
 	}
-	g, err := global.New(b.o.Client, spec.Limits[0], opts...)
 	if err != nil {
+		b.forget(fb)
 		return nil, err
 	}
-	return &globalLimiter{Limiter: g, b: b}, nil
+	return lim, nil
+}
+
+// forget stops resizing fb (nil: none), whose limiter is closed.
+func (b *redisBackend) forget(fb *fleetFallback) {
+	if fb != nil {
+		b.mu.Lock()
+		delete(b.fallbacks, fb)
+		b.mu.Unlock()
+	}
 }
 
 func (b *redisBackend) observe(name string, failure ratelimit.FailureMode, ev hybrid.Event) {
@@ -414,15 +475,20 @@ func (h *hybridMulti) Stats() LimiterStats {
 // globalLimiter is a global limiter of one limit (mode exact).
 type globalLimiter struct {
 	*global.Limiter
-	b *redisBackend
+	fb *fleetFallback // nil unless the failure mode is local
+	b  *redisBackend
 }
 
 func (g *globalLimiter) Stats() LimiterStats {
-	return LimiterStats{Fallback: g.FallbackDecisions(), DegradedKnown: true, Degraded: g.b.degraded(g.Degraded())}
+	st := LimiterStats{Fallback: g.FallbackDecisions(), DegradedKnown: true, Degraded: g.b.degraded(g.Degraded())}
+	if g.fb != nil {
+		st.Instances = int(g.fb.fleet())
+	}
+	return st
 }
 
 func (g *globalLimiter) Flush(context.Context) error { return nil }
-func (g *globalLimiter) Close() error                { return nil }
+func (g *globalLimiter) Close() error                { g.b.forget(g.fb); return nil }
 
 // globalMulti is a global limiter of several limits. global.Multi reports
 // neither its fallback decisions nor its breaker: those of the local
@@ -437,7 +503,7 @@ type globalMulti struct {
 func (g *globalMulti) Stats() LimiterStats {
 	var st LimiterStats
 	if g.fb != nil {
-		st.Fallback = g.fb.n.Load()
+		st.Fallback, st.Instances = g.fb.n.Load(), int(g.fb.fleet())
 	}
 	if g.b.refusing() {
 		st.DegradedKnown, st.Degraded = true, true
@@ -446,11 +512,12 @@ func (g *globalMulti) Stats() LimiterStats {
 }
 
 func (g *globalMulti) Flush(context.Context) error { return nil }
-func (g *globalMulti) Close() error                { return nil }
+func (g *globalMulti) Close() error                { g.b.forget(g.fb); return nil }
 
 // fleetFallback is the local failure mode of an exact rule: a local
 // limiter of the rule's limits, each Rate divided by the fleet's size (at
-// least 1), counting its decisions (global.Multi does not count them).
+// least 1), counting its decisions (global.Multi does not count them). It
+// is remade, empty, when the fleet's size changes.
 type fleetFallback struct {
 	limits []ratelimit.Limit
 	algs   []ratelimit.Algorithm
@@ -463,6 +530,9 @@ type sizedFallback struct {
 	one   ratelimit.Limiter // one limit
 	multi *local.Multi      // several
 }
+
+// fleet is the fleet size the failure mode is sized for.
+func (f *fleetFallback) fleet() int64 { return f.cur.Load().fleet }
 
 // resize makes the local limiter for a fleet of n, unless it has it.
 func (f *fleetFallback) resize(n int64) error {
