@@ -80,6 +80,10 @@ func TestRunRejects(t *testing.T) {
 	if err := run(context.Background(), []string{"-h"}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "--config") && !strings.Contains(stderr.String(), "-config") {
 		t.Fatalf("-h: %v\n%s", err, stderr.String())
 	}
+	// the library's timeout: 100ms denied under load (docs/failure-modes.md)
+	if !strings.Contains(stderr.String(), "never waits longer (default 500ms)") {
+		t.Errorf("--timeout's default is not the hybrid's 500ms:\n%s", stderr.String())
+	}
 }
 
 var built struct {

@@ -58,7 +58,7 @@ type Options struct {
 	Defaults config.Defaults
 
 	Prefix          string        // Redis key prefix (default "ratelimitd")
-	Timeout         time.Duration // bound of every wait on Redis (default 100ms)
+	Timeout         time.Duration // bound of every wait on Redis (default 500ms, the hybrid's)
 	SyncInterval    time.Duration // hybrid sync interval (0: the library's)
 	Instances       int           // fleet size; 0: learned
 	MaxKeys         int           // keys per hybrid limiter (0: the library's)

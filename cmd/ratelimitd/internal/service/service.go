@@ -16,13 +16,14 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 // Defaults of Options.
 const (
 	DefaultPrefix       = "ratelimitd"
-	DefaultTimeout      = 100 * time.Millisecond
+	DefaultTimeout      = hybrid.DefaultTimeout // 500ms: 100ms denied under load (docs/failure-modes.md)
 	DefaultMaxOverrides = 64
 	// DefaultMaxDescriptors bounds the descriptors of one call, and
 	// DefaultMaxEntries the entries of one descriptor (see Options).
@@ -52,7 +53,8 @@ type Options struct {
 	// Prefix starts every Redis key (default "ratelimitd"); it must not hold
 	// '{' or '}'.
 	Prefix string
-	// Timeout bounds every wait on Redis of a decision (default 100ms).
+	// Timeout bounds every wait on Redis of a decision, exact rules'
+	// included (default DefaultTimeout, the hybrid limiter's 500ms).
 	Timeout time.Duration
 	// SyncInterval is the hybrid limiters' sync interval (0: the library's
 	// default).
