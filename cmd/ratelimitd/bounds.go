@@ -10,10 +10,12 @@ import (
 )
 
 // boundFlags declares the flags of what one client, call or configuration
-// may cost ratelimitd (server.Bounds), and of where the metrics are served.
+// may cost ratelimitd (server.Bounds), of where the metrics are served,
+// and of gRPC reflection.
 func boundFlags(fs *flag.FlagSet, o *server.Options) {
 	b := &o.Bounds
 	fs.StringVar(&o.MetricsAddr, "metrics", "", "serve /metrics (and /healthz, /readyz) on this `address` instead of --http's")
+	fs.BoolVar(&o.GRPCReflection, "grpc-reflection", false, "register gRPC server reflection, so that grpcurl calls the service without its protos")
 	fs.IntVar(&b.MaxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "descriptors one call may hold; more is InvalidArgument (HTTP 400)")
 	fs.IntVar(&b.MaxEntries, "max-entries", service.DefaultMaxEntries, "entries one descriptor may hold; more is InvalidArgument (HTTP 400)")
 	fs.IntVar(&b.MaxRules, "max-rules", config.DefaultMaxRules, "rules the configuration may hold, YAML aliases expanded (and 5 times as many descriptors); more is refused at load and reload")

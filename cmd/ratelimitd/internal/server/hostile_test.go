@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	grpccodes "google.golang.org/grpc/codes"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
@@ -365,4 +367,40 @@ func TestExactLocalFleet(t *testing.T) {
 		s.expect("the fleet's window with Redis down", admitted, 100)
 		must(t, redis.Thaw())
 	})
+}
+
+// --grpc-reflection lets grpcurl list and call the service without its
+// protos; it is off by default.
+func TestGRPCReflection(t *testing.T) {
+	redis := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"h.yaml": hostileConfig})
+	list := func(d *daemon) ([]string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stream, err := reflectionpb.NewServerReflectionClient(d.conn).ServerReflectionInfo(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			return nil, err
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			names = append(names, s.GetName())
+		}
+		return names, nil
+	}
+	on := start(t, redis.Addr(), dir, func(o *server.Options) { o.GRPCReflection = true })
+	names, err := list(on)
+	if err != nil || !slices.Contains(names, "envoy.service.ratelimit.v3.RateLimitService") {
+		t.Errorf("with --grpc-reflection: %v %v", names, err)
+	}
+	off := start(t, redis.Addr(), dir, nil)
+	if _, err := list(off); status.Code(err) != grpccodes.Unimplemented {
+		t.Errorf("without --grpc-reflection: %v", err)
+	}
 }

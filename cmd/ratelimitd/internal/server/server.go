@@ -52,6 +52,8 @@ type Options struct {
 	// MetricsAddr, when set, serves /metrics (and /healthz, /readyz) on
 	// a listener of its own, and no longer on HTTPAddr.
 	MetricsAddr string
+	// GRPCReflection registers gRPC server reflection (for grpcurl).
+	GRPCReflection bool
 
 	// Defaults are the mode, algorithm and failure mode of rules that do not
 	// name theirs (zero: strict, fixed_window, local).
@@ -165,6 +167,7 @@ func NewContext(ctx context.Context, opts Options) (srv *Server, err error) {
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.reflect()
 	s.http = &http.Server{Handler: s.routes(true), ReadHeaderTimeout: 10 * time.Second}
 	if err := s.guard(); err != nil {
 		return nil, err
