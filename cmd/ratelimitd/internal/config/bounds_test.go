@@ -113,3 +113,39 @@ func TestParseCancelled(t *testing.T) {
 		t.Fatalf("a cancelled parse: %v", err)
 	}
 }
+
+// FuzzParseBounded: within small limits no input makes ParseWith panic or
+// go past them, aliases or not; whatever it accepts can be looked up.
+// Seeded with alias bombs and aliases in every place a list or a block
+// may be.
+func FuzzParseBounded(f *testing.F) {
+	f.Add(Bomb(3, 3))
+	f.Add(Bomb(8, 8))
+	f.Add("domain: x\ndescriptors:\n  - &d {key: a, descriptors: [{key: b, rate_limit: &r {unit: second, requests_per_unit: 1}}]}\n  - {key: c, rate_limit: *r, descriptors: [*d]}\n")
+	f.Add("domain: x\ndescriptors: &l\n  - {key: a, descriptors: *l}\n")
+	f.Add("domain: x\ndescriptors:\n  - key: a\n    rate_limits: &ls [{unit: second, requests_per_unit: 1, replaces: &rp [{name: n}]}, {unit: day, requests_per_unit: 9}]\n  - {key: b, rate_limits: *ls}\n  - {key: c, rate_limit: {unit: minute, requests_per_unit: 2, replaces: *rp}}\n")
+	f.Add("domain: x\ndescriptors:\n  - key: a\n    value: '*'\n    detailed_metric: true\n    value_to_metric: true\n    share_threshold: true\n    metadata: &m {k: v}\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: gcra, mode: optimistic, failure_mode: open}\n  - {key: b, metadata: *m}\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		const maxRules = 40
+		c, err := config.ParseWith(context.Background(), config.Limits{MaxRules: maxRules}, config.Defaults{}, config.Source{Name: "fuzz.yaml", Data: []byte(src)})
+		if err != nil {
+			var ce *config.Error
+			if !errors.As(err, &ce) && !strings.Contains(err.Error(), "fuzz.yaml") {
+				t.Fatalf("an error that names no file: %v", err)
+			}
+			return
+		}
+		if len(c.Rules) > maxRules {
+			t.Fatalf("%d rules accepted within a bound of %d", len(c.Rules), maxRules)
+		}
+		for i, r := range c.Rules {
+			if r.ID != i || r.File != "fuzz.yaml" || r.Line < 1 || c.Domain(r.Domain) == nil {
+				t.Fatalf("rule %d: %+v", i, r)
+			}
+		}
+		for _, name := range c.Domains() {
+			config.Lookup(c.Domain(name), d("a", "b", "c", "d"))
+			config.Lookup(c.Domain(name), d("l3", "", "k0", "", "k1", ""))
+		}
+	})
+}
