@@ -59,9 +59,9 @@ type Options struct {
 	// SyncInterval is the hybrid limiters' sync interval (0: the library's
 	// default).
 	SyncInterval time.Duration
-	// Instances fixes the fleet size; 0 lets the hybrid limiters learn it from
-	// heartbeats. Exact rules with failure mode local admit Rate / Instances
-	// (Rate when 0) per window while Redis is unreachable.
+	// Instances fixes the fleet size; 0 learns it from heartbeats. Exact
+	// rules with failure mode local admit Rate / fleet size per window while
+	// Redis is unreachable (see RedisOptions.Instances).
 	Instances int
 	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's
 	// default).
