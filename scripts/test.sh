@@ -39,3 +39,20 @@ if [ -f cmd/ratelimitd/go.mod ]; then
   echo "== cmd/ratelimitd module: go vet, go test -race ./... (benchmarks not run here)"
   (cd cmd/ratelimitd && go vet ./... && go test -race -count=1 -timeout 10m ./...)
 fi
+
+# A short run of the fuzzers, seconds each (their seed corpora also run as
+# tests above). What costs is the instrumented build: the parsers' take
+# about a minute on 2 cores; FuzzCheck, the JSON endpoint, instruments
+# gRPC and Envoy's protos too (two more minutes), so it runs with
+# FUZZ_ALL=1. A failing input is written under testdata/fuzz/ and fails
+# the run.
+FUZZTIME=${FUZZTIME:-5s}
+fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 1s "$2"; }
+echo "== fuzz, $FUZZTIME each"
+fuzz FuzzParseLimit .
+if [ -f cmd/ratelimitd/go.mod ]; then
+  (cd cmd/ratelimitd && fuzz FuzzParse ./internal/config/ && fuzz FuzzParseBounded ./internal/config/)
+  if [ "${FUZZ_ALL:-}" = 1 ]; then
+    (cd cmd/ratelimitd && fuzz FuzzCheck ./internal/server/)
+  fi
+fi

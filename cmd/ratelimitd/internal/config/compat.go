@@ -16,6 +16,9 @@ import (
 type Options struct {
 	// Defaults are what rules get for the extensions they do not name.
 	Defaults
+	// Limits bound what loading may cost (alias bombs); the zero value is
+	// the default bounds.
+	Limits Limits
 	// Strict refuses what envoyproxy/ratelimit loads with a silent meaning,
 	// which is otherwise read with that meaning and listed in
 	// Config.Warnings (each naming file, line and field):
