@@ -509,11 +509,12 @@ func (p *parser) checkLimit(r *Rule, at limitNodes) bool {
 		return true
 	}
 	l := r.Limit()
-	if err := l.Validate(); err != nil {
-		if !p.largeFixedWindow(r, at) {
-			p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
-			return false
-		}
+	// A fixed window takes any uint32 per any unit, in every mode, as
+	// envoyproxy/ratelimit does; the algorithms that weigh microseconds
+	// of the period need Rate x Period within 2^53 us.
+	if err := l.ValidateFor(r.Algorithm); err != nil {
+		p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
+		return false
 	}
 	if r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
 		p.fail(at.rpu, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
@@ -584,7 +585,7 @@ func (p *parser) rateLimits(n *yaml.Node, d *node, path, ident string) *Rule {
 			continue
 		}
 		it := &items[i]
-		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line, inList: true}
+		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line}
 		at := p.readLimit(item, it) // unlimited is read, to be refused clearly
 		nodes[i] = at
 		switch {

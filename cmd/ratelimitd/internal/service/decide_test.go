@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
 )
 
@@ -518,4 +519,17 @@ next:
 		return m.GetCounter().GetValue()
 	}
 	return 0
+}
+
+// A limit override of a fixed window takes any uint32 per any unit, as a
+// rule does; the other algorithms keep their bound (2^53 us).
+func TestLargeOverride(t *testing.T) {
+	m := memService(t, decideConfig, nil)
+	d := dsc("big", "v")
+	d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 4_000_000_000, Unit: typev3.RateLimitUnit_YEAR}
+	expect(t, "4,000,000,000 a year", codesOf(m.call(t, req("d", d))), "OK:OK/3999999999")
+	b := memService(t, decideConfig, func(o *Options) { o.Defaults.Algorithm = ratelimit.TokenBucket })
+	if _, err := b.ShouldRateLimit(context.Background(), req("d", d)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a token bucket of 4,000,000,000 a year: %v, want InvalidArgument", err)
+	}
 }
