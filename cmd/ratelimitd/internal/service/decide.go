@@ -518,7 +518,7 @@ func (s *Service) record(snap *snapshot, domain string, it *item) {
 		s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
 		return
 	}
-	s.m.labels.series(domain, label, ident, s.now()).add(s.m.labels, it.result, it.hits)
+	s.m.labels.series(domain, boundLabel(label), ident, s.now()).add(s.m.labels, it.result, it.hits)
 }
 
 func decisionError(err error) error {

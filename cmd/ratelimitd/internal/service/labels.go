@@ -1,9 +1,12 @@
 package service
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -17,11 +20,15 @@ import (
 // dropped (its series deleted, their memory freed), making room; a reload
 // drops the labels of rules gone. The configuration's own labels (each
 // rule's path) are bounded by the configuration and never dropped but
-// with their rule.
+// with their rule. A label made by requests is at most MaxLabelBytes long.
 
 // Defaults of the rule labels.
 const (
 	DefaultMaxRuleLabels = 1000
+	// MaxLabelBytes bounds the bytes of a rule label requests make (see
+	// boundLabel), so that MaxRuleLabels of them hold little memory and a
+	// scrape stays small whatever the requests' values.
+	MaxLabelBytes = 256
 	// OtherLabel is the rule label of decisions folded once MaxRuleLabels
 	// labels made by requests exist.
 	OtherLabel = "_other"
@@ -146,4 +153,22 @@ func (l *labels) sweepLocked(drop func(*labelSeries) bool) {
 		}
 		return true
 	})
+}
+
+// boundLabel returns a rule label made by requests as it is when it is at
+// most MaxLabelBytes long, else its first bytes (whole UTF-8 characters),
+// '~' and 16 hex digits of a SHA-256 of the whole: a request value of a
+// megabyte (in a detailed_metric descriptor, or a limit override's
+// key_value label) makes a label of 256 bytes, and distinct labels stay
+// distinct.
+func boundLabel(s string) string {
+	if len(s) <= MaxLabelBytes {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	cut := MaxLabelBytes - 1 - 16
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "~" + hex.EncodeToString(sum[:8]) // a new string: s's bytes are not kept
 }

@@ -2,8 +2,10 @@ package service
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -129,5 +131,46 @@ func TestOverrideLabelValuesBounded(t *testing.T) {
 	// 11 labels made (10 and _other), each of one result and its hits
 	if got := series(t, m.Service) - before; got != 22 {
 		t.Errorf("%d series made, want 22", got)
+	}
+}
+
+// A label made by requests is at most MaxLabelBytes long, whatever the
+// size of the values it holds, valid UTF-8, and distinct values keep
+// distinct labels.
+func TestRuleLabelBytesBounded(t *testing.T) {
+	m := memService(t, labelsConfig, nil)
+	huge := strings.Repeat("é", 50_000) // 100 KB
+	for _, v := range []string{huge + "a", huge + "b"} {
+		o := dsc("user", v)
+		o.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE}
+		m.call(t, req("d", o))              // an override: key_value
+		m.call(t, req("d", dsc("user", v))) // detailed_metric: user_<value>
+	}
+	long := 0
+	for _, x := range gather(t, m.Service, "ratelimit_decisions_total") {
+		for _, l := range x.Label {
+			if l.GetName() != "rule" {
+				continue
+			}
+			v := l.GetValue()
+			if len(v) > MaxLabelBytes || !utf8.ValidString(v) {
+				t.Errorf("a label of %d bytes (valid UTF-8: %v)", len(v), utf8.ValidString(v))
+			}
+			if strings.HasPrefix(v, "user_é") {
+				long++
+				if x.GetCounter().GetValue() != 2 {
+					t.Errorf("%s...: %v decisions, want 2 (an override and a detailed one of one value)", v[:20], x.GetCounter().GetValue())
+				}
+			}
+		}
+	}
+	if long != 2 {
+		t.Errorf("%d labels for two long values, want 2", long)
+	}
+	if got := gaugeValue(t, m.Service, "ratelimit_rule_labels"); got != 2 {
+		t.Errorf("ratelimit_rule_labels %v, want 2", got)
+	}
+	if s := "user_short"; boundLabel(s) != s {
+		t.Errorf("a short label changed: %q", boundLabel(s))
 	}
 }
