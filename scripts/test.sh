@@ -39,3 +39,22 @@ if [ -f cmd/ratelimitd/go.mod ]; then
   echo "== cmd/ratelimitd module: go vet, go test -race ./... (benchmarks not run here)"
   (cd cmd/ratelimitd && go vet ./... && go test -race -count=1 -timeout 10m ./...)
 fi
+
+# A short run of the fuzzers, seconds each (their seed corpora also run as
+# tests above). What costs is the instrumented build: the parsers' take
+# about a minute on 2 cores; FuzzCheck, the JSON endpoint, instruments
+# gRPC and Envoy's protos too (two more minutes), so it runs with
+# FUZZ_ALL=1. A failing input is written under testdata/fuzz/ and fails
+# the run. The budget is a count of inputs (a few seconds each here), not a
+# duration: go1.26's fuzzing coordinator can fail a duration run at its end
+# with "context deadline exceeded" and no input (go.dev/issue/75804, fixed
+# in go1.27), which a loaded CI machine hits. FUZZTIME=30s (say) overrides.
+fuzz() { go test -run '^$' -fuzz "^$1\$" -fuzztime "${FUZZTIME:-$3}" -fuzzminimizetime 1s "$2"; }
+echo "== fuzz, ${FUZZTIME:-a few seconds} each"
+fuzz FuzzParseLimit . 20000x
+if [ -f cmd/ratelimitd/go.mod ]; then
+  (cd cmd/ratelimitd && fuzz FuzzParse ./internal/config/ 20000x && fuzz FuzzParseBounded ./internal/config/ 20000x)
+  if [ "${FUZZ_ALL:-}" = 1 ]; then
+    (cd cmd/ratelimitd && fuzz FuzzCheck ./internal/server/ 5000x)
+  fi
+fi

@@ -40,7 +40,8 @@ func main() {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 	default:
-		fmt.Fprintln(os.Stderr, "ratelimitd:", err)
+		// as JSON, as every log: the error may come after others
+		slog.New(slog.NewJSONHandler(os.Stderr, nil)).Error("ratelimitd: exiting", "error", err.Error())
 		os.Exit(1)
 	}
 }
@@ -79,7 +80,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&o.RedisPassword, "redis-password", "", "Redis password (prefer the environment variable RATELIMITD_REDIS_PASSWORD)")
 	fs.IntVar(&o.RedisPoolSize, "redis-pool-size", 0, "Redis connections per node (0: go-redis's default, 10 per CPU)")
 	fs.StringVar(&o.GRPCAddr, "grpc", server.DefaultGRPCAddr, "gRPC listen `address` (Envoy RLS v3)")
-	fs.StringVar(&o.HTTPAddr, "http", server.DefaultHTTPAddr, "HTTP listen `address` (/v1/check, /metrics, /healthz, /readyz)")
+	fs.StringVar(&o.HTTPAddr, "http", server.DefaultHTTPAddr, "HTTP listen `address` (/v1/check and /json, /metrics, /healthz, /readyz, /healthcheck)")
 	fs.StringVar(&o.Prefix, "prefix", service.DefaultPrefix, "Redis key prefix")
 	fs.StringVar(&mode, "mode", "strict", "mode of rules that name none: strict, optimistic or exact")
 	fs.StringVar(&alg, "algorithm", "fixed_window", "algorithm of rules that name none: fixed_window, sliding_window, token_bucket or gcra (exact mode also sliding_log)")
@@ -94,6 +95,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&o.WatchInterval, "watch-interval", server.DefaultWatchInterval, "how often the configuration files are checked for changes (negative: never)")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", server.DefaultDrainTimeout, "at shutdown, how long calls in flight may take to finish")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	boundFlags(fs, &o)
 	compat := registerCompat(fs, &o) // envoyproxy/ratelimit's settings (peer.go)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -113,6 +115,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	routeLibraryLogs(log)
 	peerNotes(log)
 	if o.Defaults.Mode, err = config.ParseMode(mode); err != nil {
 		return fmt.Errorf("--mode: %w", err)
@@ -126,6 +129,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.Timeout <= 0 || o.SyncInterval < 0 || o.Instances < 0 || o.MaxKeys < 0 || o.RedisPoolSize < 0 || o.DrainTimeout <= 0 {
 		return errors.New("--timeout and --drain-timeout must be > 0; --sync-interval, --instances, --max-keys and --redis-pool-size must not be negative")
 	}
+	if err := checkBounds(o.Bounds); err != nil {
+		return err
+	}
 	if o.DenyStatus < 400 || o.DenyStatus > 599 {
 		return fmt.Errorf("--deny-status %d: want a 4xx or 5xx status", o.DenyStatus)
 	}
@@ -136,8 +142,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := compat.finish(fs, &o); err != nil {
 		return err
 	}
-	srv, err := server.New(o)
+	srv, err := server.NewContext(ctx, o)
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			log.Info("stopped before serving", "error", err.Error())
+			return nil // SIGTERM while starting: as asked
+		}
 		return err
 	}
 	return srv.Run(ctx)

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -78,6 +80,49 @@ func TestRunRejects(t *testing.T) {
 	if err := run(context.Background(), []string{"-h"}, &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "--config") && !strings.Contains(stderr.String(), "-config") {
 		t.Fatalf("-h: %v\n%s", err, stderr.String())
 	}
+	// the library's timeout: 100ms denied under load (docs/failure-modes.md)
+	if !strings.Contains(stderr.String(), "never waits longer (default 500ms)") {
+		t.Errorf("--timeout's default is not the hybrid's 500ms:\n%s", stderr.String())
+	}
+}
+
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// binary builds ratelimitd once for the tests of this package (with the
+// race detector when they run with it) and returns its path.
+func binary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "ratelimitd-test")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "ratelimitd")
+		build := exec.Command("go", "build", "-o", built.bin, ".")
+		if raceEnabled {
+			build.Args = append(build.Args[:2], append([]string{"-race"}, build.Args[2:]...)...)
+		}
+		if out, err := build.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
 }
 
 func freeAddr(t *testing.T) string {
@@ -94,14 +139,7 @@ func freeAddr(t *testing.T) string {
 // environment, gRPC and HTTP on loopback, JSON logs, and SIGTERM draining
 // it to a clean exit.
 func TestProcess(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ratelimitd")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if raceEnabled {
-		build.Args = append(build.Args[:2], append([]string{"-race"}, build.Args[2:]...)...)
-	}
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := binary(t)
 	redis := redistest.Standalone(t)
 	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
 	cmd := exec.Command(bin, "--config", writeConfig(t, goodConfig), "--grpc", grpcAddr, "--http", httpAddr)

@@ -8,14 +8,15 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/hybridlimit/ratelimit"
 )
 
 // Options are how ParseWith reads configuration files.
 type Options struct {
 	// Defaults are what rules get for the extensions they do not name.
 	Defaults
+	// Limits bound what loading may cost (alias bombs); the zero value is
+	// the default bounds.
+	Limits Limits
 	// Strict refuses what envoyproxy/ratelimit loads with a silent meaning,
 	// which is otherwise read with that meaning and listed in
 	// Config.Warnings (each naming file, line and field):
@@ -52,29 +53,6 @@ func (p *parser) warn(n *yaml.Node, field, format string, args ...any) bool {
 		line = n.Line
 	}
 	p.warns = append(p.warns, &Error{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
-	return true
-}
-
-// largeFixedWindow accepts a fixed-window limit beyond Limit.Validate's
-// bound (Rate x Period over 2^53 us: 1,000,000 per day, say), which the
-// exact limiter counts (Limit.ValidateFor) but the hybrid cannot lease: a
-// rule in mode strict or optimistic is counted in mode exact, with a
-// warning. It reports false for any other limit, and for an item of a
-// rate_limits list (decided by one multi-limit limiter, bound by Validate).
-func (p *parser) largeFixedWindow(r *Rule, at limitNodes) bool {
-	if r.Algorithm != ratelimit.FixedWindow || r.inList || r.Limit().ValidateFor(ratelimit.FixedWindow) != nil {
-		return false
-	}
-	if r.Mode != Exact {
-		n := at.rpu
-		if n == nil {
-			n = at.block
-		}
-		p.warns = append(p.warns, &Error{File: p.file, Line: n.Line, Field: "requests_per_unit",
-			Msg: fmt.Sprintf("%d per %s is more than the %s limiter leases (requests_per_unit x unit above 2^53 us): counted in mode exact, one Redis call per request",
-				r.RequestsPerUnit, strings.ToLower(r.Unit.String()), r.Mode)})
-		r.Mode = Exact
-	}
 	return true
 }
 

@@ -55,10 +55,10 @@ domain: y
 	}
 }
 
-// TestLargeFixedWindow: a fixed-window limit the hybrid cannot lease
-// (requests_per_unit x unit above 2^53 us) is counted in mode exact, with
-// a warning; any uint32 per any unit is taken, as envoyproxy/ratelimit
-// takes it.
+// TestLargeFixedWindow: a fixed-window limit of any uint32 per any unit is
+// taken, as envoyproxy/ratelimit takes it, in the mode the rule names (the
+// hybrid leases them as the global limiter counts them: Limit.ValidateFor),
+// without a warning; in a rate_limits list too.
 func TestLargeFixedWindow(t *testing.T) {
 	src := `domain: big
 descriptors:
@@ -70,25 +70,34 @@ descriptors:
     rate_limit: {unit: month, requests_per_unit: 100000, mode: exact}
   - key: small
     rate_limit: {unit: day, requests_per_unit: 1000}
+  - key: list
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: day, requests_per_unit: 1000000000}
 `
 	c, err := config.Parse(config.Defaults{}, config.Source{Name: "big.yaml", Data: []byte(src)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"day", "year", "month"} {
+	for k, mode := range map[string]config.Mode{"day": config.Strict, "year": config.Strict, "month": config.Exact} {
 		r := config.Lookup(c.Domain("big"), d(k, "v")).Rule
-		if r == nil || r.Mode != config.Exact || r.Algorithm != ratelimit.FixedWindow {
+		if r == nil || r.Mode != mode || r.Algorithm != ratelimit.FixedWindow {
 			t.Fatalf("%s: %+v", k, r)
 		}
 		if err := r.Limit().ValidateFor(ratelimit.FixedWindow); err != nil {
 			t.Fatalf("%s: %v", k, err)
 		}
+		if r.Limit().Validate() == nil {
+			t.Fatalf("%s: a limit within 2^53 us proves nothing here", k)
+		}
 	}
 	if r := config.Lookup(c.Domain("big"), d("small", "v")).Rule; r.Mode != config.Strict {
-		t.Fatalf("a limit the hybrid takes keeps its mode: %v", r.Mode)
+		t.Fatalf("a small limit keeps its mode: %v", r.Mode)
 	}
-	if len(c.Warnings) != 2 || !strings.HasPrefix(c.Warnings[0].Error(), "big.yaml:4: requests_per_unit: 1000000 per day is more than the strict limiter leases") ||
-		!strings.HasPrefix(c.Warnings[1].Error(), "big.yaml:6: requests_per_unit: 4294967295 per year") {
+	if r := config.Lookup(c.Domain("big"), d("list", "v")).Rule; r == nil || len(r.Limits) != 2 || r.Limits[1].RequestsPerUnit != 1000000000 || r.Mode != config.Strict {
+		t.Fatalf("list: %+v", r)
+	}
+	if len(c.Warnings) != 0 {
 		t.Fatalf("warnings %v", c.Warnings)
 	}
 }

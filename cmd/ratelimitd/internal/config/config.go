@@ -202,8 +202,6 @@ type Rule struct {
 	// nil for a rate_limit block (and a list of one limit, which is read as
 	// that block).
 	Limits []RuleLimit
-
-	inList bool // an item of a rate_limits list, while it is parsed
 }
 
 // RuleLimit is one limit of a rate_limits list: RequestsPerUnit (at least

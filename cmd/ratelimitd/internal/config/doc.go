@@ -55,8 +55,12 @@
 // the line and the field (see Error). What envoyproxy/ratelimit loads with a
 // silent meaning (a rate_limit without requests_per_unit, a known field in a
 // block that does not take it, a second YAML document) is read with that
-// meaning and listed in Config.Warnings, or refused with Options.Strict; a
-// fixed-window limit too large for the hybrid limiter is counted in mode
-// exact, with a warning. A Config is immutable once made and safe for
-// concurrent use.
+// meaning and listed in Config.Warnings, or refused with Options.Strict. A
+// fixed-window limit may be any uint32 per any unit, in every mode, as
+// envoyproxy/ratelimit takes it (Limit.ValidateFor: the hybrid limiter
+// takes them too). YAML anchors and aliases are read, and expanded
+// where used, within Options.Limits: past MaxRules rules, or 5 times as many
+// descriptors, with aliases expanded, the load stops at once (an alias bomb
+// never costs more); ParseContext stops it when its context ends. A Config
+// is immutable once made and safe for concurrent use.
 package config

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -65,13 +66,21 @@ func set(s ...string) map[string]bool {
 // not name an algorithm, mode or failure mode get d's. It returns every error
 // found (up to 20), joined; each is an *Error. It is ParseWith with
 // Options{Defaults: d}: what envoyproxy/ratelimit loads with a silent
-// meaning is read with that meaning and listed in Config.Warnings.
+// meaning is read with that meaning and listed in Config.Warnings, within
+// the default Limits.
 func Parse(d Defaults, srcs ...Source) (*Config, error) {
 	return ParseWith(Options{Defaults: d}, srcs...)
 }
 
-// ParseWith is Parse with the options o (see Options).
+// ParseWith is Parse with the options o (see Options), with no deadline.
 func ParseWith(o Options, srcs ...Source) (*Config, error) {
+	return ParseContext(context.Background(), o, srcs...)
+}
+
+// ParseContext is ParseWith stopping when ctx ends. Past a bound of
+// o.Limits it returns that one *Error; when ctx ends, an error wrapping
+// ctx's.
+func ParseContext(ctx context.Context, o Options, srcs ...Source) (*Config, error) {
 	d := o.Defaults
 	if len(srcs) == 0 {
 		return nil, errors.New("no configuration file")
@@ -84,9 +93,13 @@ func ParseWith(o Options, srcs ...Source) (*Config, error) {
 	}
 	c := &Config{domains: map[string]*Domain{}}
 	var errs []error
+	b := newBudget(ctx, o.Limits)
 	for _, src := range srcs {
-		p := &parser{file: src.Name, defaults: d, strict: o.Strict}
+		p := &parser{file: src.Name, defaults: d, strict: o.Strict, budget: b}
 		dom := p.file1(src.Data)
+		if b.spent() {
+			return nil, b.err
+		}
 		errs = append(errs, p.errs...)
 		slices.SortStableFunc(p.warns, func(a, b *Error) int { return a.Line - b.Line })
 		c.Warnings = append(c.Warnings, p.warns...)
@@ -139,6 +152,8 @@ type parser struct {
 	errs     []error
 	rules    []*Rule
 	domain   string
+	budget   *budget
+	aliases  []*yaml.Node // the aliases being expanded, outermost first
 }
 
 func (p *parser) fail(n *yaml.Node, field, format string, args ...any) {
@@ -216,6 +231,7 @@ func (p *parser) yamlError(err error) {
 type field struct {
 	name     string
 	key, val *yaml.Node
+	alias    *yaml.Node // the alias val came through, if it did
 }
 
 // fields returns the fields of mapping n, reporting unknown and repeated ones.
@@ -242,7 +258,7 @@ func (p *parser) fields(n *yaml.Node, allowed map[string]bool) []field {
 			continue
 		}
 		seen[name] = k.Line
-		out = append(out, field{name: name, key: k, val: v})
+		out = append(out, field{name: name, key: k, val: v, alias: aliasOf(n.Content[i+1])})
 	}
 	return out
 }
@@ -254,6 +270,13 @@ func names(m map[string]bool) string {
 	}
 	slices.Sort(s)
 	return strings.Join(s, ", ")
+}
+
+func aliasOf(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.AliasNode {
+		return n
+	}
+	return nil
 }
 
 func deref(n *yaml.Node) *yaml.Node {
@@ -311,20 +334,23 @@ func (p *parser) descriptors(parent *node, n *yaml.Node, path, ident string, v2m
 		return
 	}
 	seen := map[pair]int{}
-	for _, item := range n.Content {
-		item = deref(item)
+	for _, raw := range n.Content {
+		item := deref(raw)
 		if item.Kind != yaml.MappingNode {
 			p.fail(item, "descriptors", "a descriptor must be a mapping with at least a key, got %s", kind(item))
 			continue
 		}
-		p.descriptor(parent, item, path, ident, v2m, seen)
+		p.expanding(aliasOf(raw), func() { p.descriptor(parent, item, path, ident, v2m, seen) })
 	}
 }
 
 func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m bool, seen map[pair]int) {
+	if !p.countDescriptor(n) {
+		return
+	}
 	d := &node{line: n.Line}
 	d.init()
-	var rl, rls, rlsKey, children, keyNode, shareNode *yaml.Node
+	var rl, rls, rlsKey, children, childAlias, keyNode, shareNode *yaml.Node
 	for _, f := range p.fields(n, descriptorFields) {
 		switch f.name {
 		case "rate_limits":
@@ -337,7 +363,7 @@ func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m 
 		case "rate_limit":
 			rl = f.val
 		case "descriptors":
-			children = f.val
+			children, childAlias = f.val, f.alias
 		case "shadow_mode":
 			d.shadow = p.boolean(f.val, f.name)
 		case "quota_mode":
@@ -392,7 +418,7 @@ func (p *parser) descriptor(parent *node, n *yaml.Node, path, ident string, v2m 
 		d.rule.ValuesInLabel = d.detailed || v2m
 		d.rule.Metadata = d.metadata
 	}
-	p.descriptors(d, children, path, ident, v2m)
+	p.expanding(childAlias, func() { p.descriptors(d, children, path, ident, v2m) })
 	parent.add(d)
 }
 
@@ -483,11 +509,12 @@ func (p *parser) checkLimit(r *Rule, at limitNodes) bool {
 		return true
 	}
 	l := r.Limit()
-	if err := l.Validate(); err != nil {
-		if !p.largeFixedWindow(r, at) {
-			p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
-			return false
-		}
+	// A fixed window takes any uint32 per any unit, in every mode, as
+	// envoyproxy/ratelimit does; the algorithms that weigh microseconds
+	// of the period need Rate x Period within 2^53 us.
+	if err := l.ValidateFor(r.Algorithm); err != nil {
+		p.fail(at.rpu, "requests_per_unit", "%d per %s cannot be enforced: %v", r.RequestsPerUnit, strings.ToLower(r.Unit.String()), err)
+		return false
 	}
 	if r.Algorithm == ratelimit.GCRA && int64(l.Period/time.Microsecond) < int64(l.Rate) {
 		p.fail(at.rpu, "requests_per_unit", "gcra needs at most one request per microsecond, got %d per %s", r.RequestsPerUnit, strings.ToLower(r.Unit.String()))
@@ -527,7 +554,7 @@ func (p *parser) rateLimit(n *yaml.Node, d *node, path, ident string) *Rule {
 	case at.rpu == nil:
 		p.warn(n, "requests_per_unit", "missing: read as 0, which denies every request, as envoyproxy/ratelimit reads it (write 0 to say so; unlimited: true allows every request)")
 	}
-	if len(p.errs) > before || !p.checkLimit(r, at) {
+	if len(p.errs) > before || !p.checkLimit(r, at) || !p.countRule(n, "rate_limit") {
 		return nil
 	}
 	p.rules = append(p.rules, r)
@@ -558,7 +585,7 @@ func (p *parser) rateLimits(n *yaml.Node, d *node, path, ident string) *Rule {
 			continue
 		}
 		it := &items[i]
-		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line, inList: true}
+		*it = Rule{Mode: r.Mode, Algorithm: r.Algorithm, FailureMode: r.FailureMode, Line: item.Line}
 		at := p.readLimit(item, it) // unlimited is read, to be refused clearly
 		nodes[i] = at
 		switch {
@@ -624,6 +651,9 @@ func (p *parser) rateLimits(n *yaml.Node, d *node, path, ident string) *Rule {
 	r.Name, r.RequestsPerUnit, r.Unit, r.Algorithm = first.Name, first.RequestsPerUnit, first.Unit, first.Algorithm
 	if len(r.Limits) == 1 {
 		r.Limits = nil // one limit: as a rate_limit block
+	}
+	if !p.countRule(n, "rate_limits") {
+		return nil
 	}
 	p.rules = append(p.rules, r)
 	return r

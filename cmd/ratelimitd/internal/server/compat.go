@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +19,11 @@ import (
 // envoy.service.ratelimit.v3.RateLimitService.
 const PeerHealthService = "ratelimit"
 
+// parseOptions are how the configuration is read, from files or xDS: with
+// the peer's settings and within the bounds.
 func (s *Server) parseOptions() config.Options {
-	return config.Options{Defaults: s.opts.Defaults, Strict: s.opts.StrictConfig, MergeDomains: s.opts.MergeDomains}
+	return config.Options{Defaults: s.opts.Defaults, Strict: s.opts.StrictConfig, MergeDomains: s.opts.MergeDomains,
+		Limits: s.opts.parseLimits()}
 }
 
 // warnings logs what a configuration load read with envoyproxy/ratelimit's
@@ -57,8 +61,9 @@ func (s *Server) healthcheck(w http.ResponseWriter, _ *http.Request) {
 }
 
 // initialConfig reads the configuration files, or, from xDS, nothing (the
-// first update comes once serving) but with ForceStart no rules at all.
-func (s *Server) initialConfig() (*config.Config, []config.Source, error) {
+// first update comes once serving) but with ForceStart no rules at all. It
+// gives up with ctx's error when ctx ends while the files are parsed.
+func (s *Server) initialConfig(ctx context.Context) (*config.Config, []config.Source, error) {
 	if s.opts.XDS.Server != "" {
 		if len(s.opts.ConfigPaths) > 0 {
 			return nil, nil, errors.New("configuration: from xDS or from files, not both")
@@ -72,7 +77,7 @@ func (s *Server) initialConfig() (*config.Config, []config.Source, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration: %w", err)
 	}
-	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
+	cfg, err := config.ParseContext(ctx, s.parseOptions(), srcs...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration:\n%w", err)
 	}

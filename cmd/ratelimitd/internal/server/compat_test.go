@@ -230,12 +230,13 @@ descriptors:
 
 // TestLargeLimits: requests_per_unit x unit above 2^53 us starts and
 // counts (1,000,000 a day; 4,294,967,295 a year), as envoyproxy/ratelimit
-// takes any uint32.
+// takes any uint32: in the rules' own mode (strict, the hybrid limiter),
+// without a warning.
 func TestLargeLimits(t *testing.T) {
 	redis := redistest.Standalone(t)
 	d := start(t, redis.Addr(), configDir(t, map[string]string{"c.yaml": compatConfig}), func(o *server.Options) { o.Prefix = uniq("big") })
-	if !strings.Contains(d.logs.String(), "1000000 per day is more than the strict limiter leases") {
-		t.Errorf("no warning about the limit counted in mode exact:\n%s", d.logs.String())
+	if strings.Contains(d.logs.String(), "configuration warning") {
+		t.Errorf("a warning about a large limit:\n%s", d.logs.String())
 	}
 	r := d.call(t, rq("compat", desc("day", "a"), desc("year", "a")))
 	if codes(r) != "OK:OK,OK" || r.Statuses[0].LimitRemaining != 999_999 || r.Statuses[1].LimitRemaining != 4_294_967_294 {
@@ -247,6 +248,13 @@ func TestLargeLimits(t *testing.T) {
 	}
 	if r := d.call(t, rq("compat", desc("day", "a"))); codes(r) != "OVER_LIMIT:OVER_LIMIT" {
 		t.Fatalf("over a day's 1,000,000: %s", codes(r))
+	}
+	// counted by the hybrid limiters of their mode (keys tracked in memory)
+	fams := scrape(t, d)
+	for _, name := range []string{"strict fixed_window 1000000/86400s local", "strict fixed_window 4294967295/31536000s local"} {
+		if v, found := metric(fams, "ratelimit_keys_tracked", "limiter", name); !found || v < 1 {
+			t.Errorf("no hybrid limiter %q tracking the key: %v %v", name, v, found)
+		}
 	}
 }
 

@@ -145,3 +145,45 @@ func TestEnvoyKeysJitter(t *testing.T) {
 		t.Fatalf("20 keys, %d distinct expiries: no jitter?", len(distinct))
 	}
 }
+
+// TestEnvoyKeysLocalFleet: in the migration mode, an exact rule failing
+// local admits, while Redis does not answer, the limit shared by the fleet
+// size the processes learned, as every exact rule does (not the whole limit
+// in each process).
+func TestEnvoyKeysLocalFleet(t *testing.T) {
+	rs := redistest.Standalone(t)
+	dir := configDir(t, map[string]string{"m.yaml": "domain: mig\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"})
+	inOneWindow(t, time.Minute, 20*time.Second, func(s *soft, sfx string) {
+		tweak := func(o *server.Options) {
+			o.Prefix, o.Timeout = "efleet-"+sfx, 100*time.Millisecond
+			o.Defaults.Mode = config.Exact
+			o.Compat.EnvoyKeys, o.Compat.CacheKeyPrefix, o.Compat.ExpirationJitterMaxSeconds = true, "efleet-"+sfx+"_", 0
+		}
+		a, b := start(t, rs.Addr(), dir, tweak), start(t, rs.Addr(), dir, tweak)
+		const limiter = "exact fixed_window 10/60s local"
+		for _, d := range []*daemon{a, b} {
+			eventually(t, 10*time.Second, "the fleet of 2 learned", func() bool {
+				v, _ := metric(scrape(t, d), "ratelimit_instances", "limiter", limiter)
+				return v == 2
+			})
+		}
+		s.expect("counted in the peer's key while Redis answers", codes(a.call(t, rq("mig", desc("k", "warm")))), "OK:OK")
+		must(t, rs.Freeze())
+		defer rs.Thaw()
+		admitted := 0
+		for _, d := range []*daemon{a, b} {
+			n := 0
+			for range 8 {
+				if codes(d.call(t, rq("mig", desc("k", "hot")))) == "OK:OK" {
+					n++
+				}
+			}
+			s.expect("one process's share of 10 between 2", n, 5)
+			admitted += n
+		}
+		s.expect("the fleet's window with Redis down", admitted, 10)
+		fb, _ := metric(scrape(t, a), "ratelimit_fallback_decisions_total")
+		s.expect("decided by the failure mode", fb, float64(8))
+		must(t, rs.Thaw())
+	})
+}

@@ -15,17 +15,27 @@ import (
 // maxBody bounds the body of a /v1/check request.
 const maxBody = 1 << 20
 
-func (s *Server) routes() http.Handler {
+// routes are the endpoints of the HTTP listener: /metrics too unless it
+// is served apart (--metrics).
+func (s *Server) routes(withMetrics bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/check", s.check)
 	mux.HandleFunc("/json", s.check) // envoyproxy/ratelimit's path for the same thing
-	mux.Handle("/metrics", promhttp.HandlerFor(s.svc.Registry(), promhttp.HandlerOpts{}))
+	s.addOps(mux, withMetrics)
+	return mux
+}
+
+// addOps adds /healthz, /readyz, /healthcheck (envoyproxy/ratelimit's) and,
+// withMetrics, /metrics to mux.
+func (s *Server) addOps(mux *http.ServeMux, withMetrics bool) {
+	if withMetrics {
+		mux.Handle("/metrics", promhttp.HandlerFor(s.svc.Registry(), promhttp.HandlerOpts{}))
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/readyz", s.ready)
 	mux.HandleFunc("/healthcheck", s.healthcheck) // envoyproxy/ratelimit's
-	return mux
 }
 
 // ready answers 200 when the configuration is loaded and Redis answers,

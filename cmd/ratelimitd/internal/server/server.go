@@ -50,6 +50,11 @@ type Options struct {
 
 	GRPCAddr string // default ":8081"
 	HTTPAddr string // default ":8080"
+	// MetricsAddr, when set, serves /metrics (and /healthz, /readyz) on
+	// a listener of its own, and no longer on HTTPAddr.
+	MetricsAddr string
+	// GRPCReflection registers gRPC server reflection (for grpcurl).
+	GRPCReflection bool
 
 	// Defaults are the mode, algorithm and failure mode of rules that do not
 	// name theirs (zero: strict, fixed_window, local).
@@ -67,7 +72,7 @@ type Options struct {
 	XDS XDSOptions
 
 	Prefix          string        // Redis key prefix (default "ratelimitd")
-	Timeout         time.Duration // bound of every wait on Redis (default 100ms)
+	Timeout         time.Duration // bound of every wait on Redis (default 500ms, the hybrid's)
 	SyncInterval    time.Duration // hybrid sync interval (0: the library's)
 	Instances       int           // fleet size; 0: learned
 	MaxKeys         int           // keys per hybrid limiter (0: the library's)
@@ -77,6 +82,7 @@ type Options struct {
 	WatchInterval   time.Duration // how often the files are checked for changes (default 500ms; < 0: never)
 	DrainTimeout    time.Duration // bound on finishing in-flight calls at shutdown (default 10s)
 	Logger          *slog.Logger  // default slog.Default()
+	Bounds                        // what a client, a call or a configuration may cost
 }
 
 // Server is one ratelimitd. Make it with New, then call Run once.
@@ -93,6 +99,10 @@ type Server struct {
 	http     *http.Server
 	draining atomic.Bool
 
+	// the metrics listener and server; nil unless MetricsAddr is set
+	metricsLis net.Listener
+	metrics    *http.Server
+
 	// owned by the watcher goroutine
 	lastHash [32]byte
 	lastErr  string
@@ -100,8 +110,12 @@ type Server struct {
 
 // New loads the configuration, connects to Redis and binds both listeners.
 // A configuration error is returned as is (every *config.Error in it names
-// the file, line and field).
-func New(opts Options) (srv *Server, err error) {
+// the file, line and field). It is NewContext without a deadline.
+func New(opts Options) (*Server, error) { return NewContext(context.Background(), opts) }
+
+// NewContext is New, giving up (with ctx's error) when ctx ends while the
+// configuration is read.
+func NewContext(ctx context.Context, opts Options) (srv *Server, err error) {
 	if len(opts.ConfigPaths) == 0 && opts.XDS.Server == "" {
 		return nil, errors.New("no configuration: give --config FILE (or a directory)")
 	}
@@ -129,7 +143,7 @@ func New(opts Options) (srv *Server, err error) {
 			s.closeAll()
 		}
 	}()
-	cfg, srcs, err := s.initialConfig()
+	cfg, srcs, err := s.initialConfig(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -137,8 +151,9 @@ func New(opts Options) (srv *Server, err error) {
 		return nil, err
 	}
 	s.svc, err = service.New(service.Options{
-		Client: s.client, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
+		Client: s.client, RedisAddrs: opts.RedisAddrs, Prefix: opts.Prefix, Timeout: opts.Timeout, SyncInterval: opts.SyncInterval,
 		Instances: opts.Instances, MaxKeys: opts.MaxKeys, ResponseHeaders: opts.ResponseHeaders, ShadowMode: opts.ShadowMode,
+		MaxDescriptors: opts.MaxDescriptors, MaxEntries: opts.MaxEntries, MaxRuleLabels: opts.MaxRuleLabels,
 		Defaults: opts.Defaults, Compat: opts.Compat, Logger: s.log,
 	})
 	if err != nil {
@@ -161,11 +176,15 @@ func New(opts Options) (srv *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.grpc = grpc.NewServer(creds...)
+	s.grpc = grpc.NewServer(append(s.grpcOptions(), creds...)...)
 	pb.RegisterRateLimitServiceServer(s.grpc, s.svc)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.reflect()
+	s.http = &http.Server{Handler: s.routes(true), ReadHeaderTimeout: 10 * time.Second}
+	if err := s.guard(); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -201,6 +220,15 @@ func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 // HTTPAddr returns the address the HTTP server listens on.
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 
+// MetricsAddr returns the address of the metrics listener ("" when the
+// metrics are served on the HTTP listener).
+func (s *Server) MetricsAddr() string {
+	if s.metricsLis == nil {
+		return ""
+	}
+	return s.metricsLis.Addr().String()
+}
+
 // Service returns the service the servers answer with.
 func (s *Server) Service() *service.Service { return s.svc }
 
@@ -210,7 +238,7 @@ func (s *Server) Service() *service.Service { return s.svc }
 // It returns nil after a shutdown asked by ctx.
 func (s *Server) Run(ctx context.Context) error {
 	s.setServing()
-	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr())
+	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "metrics", s.MetricsAddr())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := s.grpc.Serve(s.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
@@ -224,6 +252,14 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if s.metrics != nil {
+		g.Go(func() error {
+			if err := s.metrics.Serve(s.metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics server: %w", err)
+			}
+			return nil
+		})
+	}
 	if s.opts.XDS.Server != "" {
 		g.Go(func() error {
 			s.watchXDS(gctx)
@@ -266,6 +302,9 @@ func (s *Server) drain() {
 		s.log.Warn("http calls still in flight at the drain timeout were cut", "error", err.Error())
 		s.http.Close()
 	}
+	if s.metrics != nil && s.metrics.Shutdown(ctx) != nil {
+		s.metrics.Close()
+	}
 	select {
 	case <-stopped:
 	case <-ctx.Done():
@@ -283,7 +322,7 @@ func (s *Server) closeAll() error {
 	if s.svc != nil {
 		err = s.svc.Close()
 	}
-	for _, l := range []net.Listener{s.grpcLis, s.httpLis} {
+	for _, l := range []net.Listener{s.grpcLis, s.httpLis, s.metricsLis} {
 		if l != nil {
 			l.Close()
 		}
@@ -308,12 +347,12 @@ func (s *Server) watch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			s.reload()
+			s.reload(ctx)
 		}
 	}
 }
 
-func (s *Server) reload() {
+func (s *Server) reload(ctx context.Context) {
 	srcs, err := config.ReadSources(s.opts.ConfigPaths)
 	if err != nil {
 		s.reloadFailed(fmt.Errorf("reading the configuration: %w", err))
@@ -324,7 +363,10 @@ func (s *Server) reload() {
 		return
 	}
 	s.lastHash = h
-	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
+	cfg, err := config.ParseContext(ctx, s.parseOptions(), srcs...)
+	if ctx.Err() != nil {
+		return // shutting down: the parse was cut short
+	}
 	if err == nil {
 		s.warnings(cfg)
 		err = s.svc.Apply(cfg)

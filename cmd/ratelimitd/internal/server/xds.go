@@ -141,7 +141,7 @@ func (s *Server) followXDS(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := s.applyXDS(resp.Resources); err != nil {
+		if err := s.applyXDS(sctx, resp.Resources); err != nil {
 			s.reloadFailed(err)
 			if nerr := ads.Nack(err.Error()); nerr != nil {
 				return nerr
@@ -154,13 +154,14 @@ func (s *Server) followXDS(ctx context.Context) error {
 	}
 }
 
-// applyXDS puts the configuration of an xDS response in force.
-func (s *Server) applyXDS(res []*anypb.Any) error {
+// applyXDS puts the configuration of an xDS response in force, within the
+// configuration bounds (--max-rules), giving up when ctx ends.
+func (s *Server) applyXDS(ctx context.Context, res []*anypb.Any) error {
 	srcs, err := xdsSources(res)
 	if err != nil {
 		return err
 	}
-	cfg, err := config.ParseWith(s.parseOptions(), srcs...)
+	cfg, err := config.ParseContext(ctx, s.parseOptions(), srcs...)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -43,12 +42,15 @@ type Compat struct {
 	// start, Unix seconds of this host's clock>, INCRBY then EXPIRE of the
 	// unit plus up to ExpirationJitterMaxSeconds, every hit counted, denied
 	// or not, and over the limit when the count passes it. A fleet of both
-	// services behind one Redis then shares one count per descriptor.
+	// services behind one Redis then shares one count per descriptor. Their
+	// limiters are the Redis backend's of Spec.Layout LayoutEnvoy; a
+	// Backend that has no such limiters refuses those rules.
 	EnvoyKeys bool
 	// CacheKeyPrefix starts every key of EnvoyKeys (CACHE_KEY_PREFIX).
 	CacheKeyPrefix string
 	// ExpirationJitterMaxSeconds adds up to that many seconds to the expiry
-	// of the keys of EnvoyKeys (EXPIRATION_JITTER_MAX_SECONDS); 0: none.
+	// of the keys of EnvoyKeys (EXPIRATION_JITTER_MAX_SECONDS); 0: none. It
+	// is the Redis backend's RedisOptions.EnvoyExpirationJitter.
 	ExpirationJitterMaxSeconds int64
 }
 
@@ -89,13 +91,19 @@ func (s *Service) unknownDomain(req *pb.RateLimitRequest) *pb.RateLimitResponse 
 	return resp
 }
 
-// peek decides a descriptor whose hits_addend is 0: OK when one more hit
-// would be admitted now, counting nothing. It reserves one hit and gives it
-// back at once (in memory for the hybrid limiter; a second script call for
-// an exact rule). When Redis does not answer, the rule's failure mode
-// decides: closed denies, open and local admit (a check spends nothing).
+// peek decides a descriptor whose hits_addend is 0, counting nothing: by
+// the limiter's own Check when it is a Checker (the migration mode's
+// INCRBY 0); else OK when one more hit would be admitted now, by reserving
+// one hit and giving it back at once (in memory for the hybrid limiter; a
+// second script call for an exact rule). When the store does not answer,
+// the rule's failure mode decides: closed denies, open and local admit (a
+// check spends nothing).
 func (s *Service) peek(ctx context.Context, it *item) (ratelimit.Decision, error) {
-	rv, ok := it.ent().lim.(ratelimit.Reserver)
+	lim := it.ent().lim
+	if c, ok := lim.(Checker); ok {
+		return c.Check(ctx, it.key)
+	}
+	rv, ok := lim.(ratelimit.Reserver)
 	if !ok {
 		return ratelimit.Decision{}, status.Error(codes.Internal, "this limiter cannot check without counting")
 	}
@@ -153,7 +161,7 @@ func redisError(err error) bool {
 func (s *Service) failureDecision(it *item) ratelimit.Decision {
 	r := it.rule()
 	l := r.Limit()
-	d := ratelimit.Decision{Limit: l, Algorithm: r.Algorithm, ResetAfter: untilWindowEnd(l.Period)}
+	d := ratelimit.Decision{Limit: l, Algorithm: r.Algorithm, ResetAfter: untilWindowEnd(l.Period, s.now())}
 	if r.FailureMode == ratelimit.FailClosed {
 		d.RetryAfter = d.ResetAfter
 		return d
@@ -175,25 +183,24 @@ func (s *Service) giveBack(ctx context.Context, it *item, r *ratelimit.Reservati
 	}
 }
 
-// settle finishes a request's decisions once the limiters decided: it
-// counts the items in envoyproxy/ratelimit's keys (EnvoyKeys), and with
-// StopIncrementWhenOverLimit gives back the hits of the descriptors that
-// admitted when one of the request's descriptors is over the limit.
-func (s *Service) settle(ctx context.Context, domain string, items []item, envoy int) {
-	stop := s.opts.Compat.StopIncrementWhenOverLimit
+// settle finishes a request's decisions once the limiters decided, under
+// StopIncrementWhenOverLimit: when one of the request's descriptors is
+// over the limit, the descriptors that admitted give their hits back.
+// The migration mode's limiters take part as the others: theirs go back
+// with DECRBY, and a descriptor over the limit keeps its hits, as
+// envoyproxy/ratelimit increments only the keys that go over.
+func (s *Service) settle(ctx context.Context, items []item) {
 	over := false
 	for i := range items {
 		it := &items[i]
 		// A descriptor over the limit, a check included (the peer's GET
 		// finds it past the limit too), stops the others' counting.
-		if r := it.rule(); r != nil && !r.Unlimited && it.status == nil && !it.envoy && it.err == nil && !it.dec.Allowed {
+		if r := it.rule(); r != nil && !r.Unlimited && it.status == nil && it.err == nil && !it.dec.Allowed {
 			over = true
+			break
 		}
 	}
-	if envoy > 0 && s.countEnvoy(ctx, domain, items, stop, over) {
-		over = true
-	}
-	if !stop || !over {
+	if !over {
 		return
 	}
 	for i := range items {
@@ -276,7 +283,3 @@ func mergeStruct(dst, src *structpb.Struct) {
 		}
 	}
 }
-
-// untilSecond is the time to the end of the window of p seconds holding
-// now, in whole seconds as envoyproxy/ratelimit reports it.
-func untilSecond(now, p int64) time.Duration { return time.Duration(p-now%p) * time.Second }

@@ -67,7 +67,6 @@ type item struct {
 	status *pb.RateLimitResponse_DescriptorStatus
 
 	check bool                   // hits_addend 0 on the descriptor: decide, count nothing
-	envoy bool                   // counted in envoyproxy/ratelimit's keys (Compat.EnvoyKeys)
 	res   *ratelimit.Reservation // what Compat.StopIncrementWhenOverLimit may give back
 }
 
@@ -103,6 +102,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	if len(descs) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "a request needs at least one descriptor")
 	}
+	if err := s.checkSize(descs); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(s.opts.Timeout)
 	snap, shard := s.enter()
 	if snap == nil {
 		return nil, status.Error(codes.Unavailable, "no configuration loaded")
@@ -149,24 +152,19 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			}
 		}
 	}
-	calls, envoy := 0, 0
+	calls := 0
 	for i := range items {
 		if s.prepare(req.Domain, &items[i]) {
-			if items[i].envoy {
-				envoy++
-				items[i].call = false // counted together, in the peer's way, below
-			} else {
-				calls++
-			}
+			calls++
 		}
 	}
 	if calls > 0 {
-		s.count(ctx, items, calls)
+		s.count(ctx, items, calls, deadline)
 	}
-	if envoy > 0 || s.opts.Compat.StopIncrementWhenOverLimit {
-		s.settle(ctx, req.Domain, items, envoy)
+	if s.opts.Compat.StopIncrementWhenOverLimit {
+		s.settle(ctx, items)
 	}
-	return s.respond(req, items)
+	return s.respond(snap, req, items)
 }
 
 // hitsOf is a descriptor's hits: its own hits_addend when set, else the
@@ -195,21 +193,21 @@ func (s *Service) prepare(domain string, it *item) bool {
 	case r.RequestsPerUnit == 0 || it.hits > uint64(r.RequestsPerUnit):
 		// Nothing can be admitted: requests_per_unit 0 denies everything,
 		// and more hits than the limit could never fit in a window.
-		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 		it.call = false
 		return false
 	case r.Limits != nil && it.hits > uint64(minRequestsPerUnit(r.Limits)):
 		// More hits than one of the rule's limits could ever take.
-		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+		it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 		it.call = false
 		return false
 	}
 	it.call = true
-	if e := it.ent(); e.envoy != nil {
-		it.envoy = true
-		return true
+	if it.ent().layout == LayoutEnvoy {
+		it.key = envoyKey(s.opts.Compat.CacheKeyPrefix, domain, it)
+	} else {
+		it.key = counterKey(domain, it.desc.GetEntries(), it.shared)
 	}
-	it.key = counterKey(domain, it.desc.GetEntries(), it.shared)
 	return true
 }
 
@@ -217,7 +215,7 @@ func (s *Service) prepare(domain string, it *item) bool {
 // its one limit (requests_per_unit rpu per unit, with alg), or among its
 // limits the first that hits exceed, or else (the failure mode's share is
 // smaller than the limits) the one of fewest requests per unit.
-func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, alg ratelimit.Algorithm, hits uint64) ratelimit.Decision {
+func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, alg ratelimit.Algorithm, hits uint64, now time.Time) ratelimit.Decision {
 	if len(limits) > 0 {
 		k := 0
 		for i, l := range limits {
@@ -232,7 +230,7 @@ func deniedUncounted(limits []config.RuleLimit, rpu uint32, unit config.Unit, al
 		rpu, unit, alg = limits[k].RequestsPerUnit, limits[k].Unit, limits[k].Algorithm
 	}
 	p := unit.Duration()
-	return ratelimit.Decision{Limit: ratelimit.Limit{Rate: int(rpu), Period: p}, Algorithm: alg, ResetAfter: untilWindowEnd(p)}
+	return ratelimit.Decision{Limit: ratelimit.Limit{Rate: int(rpu), Period: p}, Algorithm: alg, ResetAfter: untilWindowEnd(p, now)}
 }
 
 func minRequestsPerUnit(limits []config.RuleLimit) uint32 {
@@ -243,20 +241,23 @@ func minRequestsPerUnit(limits []config.RuleLimit) uint32 {
 	return m
 }
 
-func untilWindowEnd(p time.Duration) time.Duration {
+func untilWindowEnd(p time.Duration, now time.Time) time.Duration {
 	if p <= 0 {
 		return 0
 	}
-	now := time.Now().UnixNano()
-	return time.Duration(int64(p) - now%int64(p))
+	t := now.UnixNano()
+	return time.Duration(int64(p) - t%int64(p))
 }
 
-// count runs the limiters of the items that need one. Items counted under
-// the same key run in request order, one after the other, as
-// envoyproxy/ratelimit's pipeline would; distinct keys run concurrently,
-// so that a request waits about one Redis timeout at most whatever its
-// number of descriptors.
-func (s *Service) count(ctx context.Context, items []item, calls int) {
+// count runs the limiters of the items that need one, within one deadline
+// for the whole call (Timeout after it began). Items counted under the
+// same key run in request order, one after the other, as
+// envoyproxy/ratelimit's pipeline would; distinct keys run concurrently.
+// The first item of each key waits on Redis as its limiter bounds it (one
+// timeout at most); the items after it wait only until the deadline, and
+// those it cuts short are decided without counting (see cut). So a call
+// waits about one timeout at most, whatever its descriptors.
+func (s *Service) count(ctx context.Context, items []item, calls int, deadline time.Time) {
 	if calls == 1 {
 		for i := range items {
 			if items[i].call {
@@ -282,8 +283,9 @@ func (s *Service) count(ctx context.Context, items []item, calls int) {
 		}
 	}
 	chain := func(i int) {
-		for ; i >= 0; i = next[i] {
-			s.allow(ctx, &items[i])
+		s.allow(ctx, &items[i])
+		for i = next[i]; i >= 0; i = next[i] {
+			s.allowBy(ctx, &items[i], deadline)
 		}
 	}
 	var wg sync.WaitGroup
@@ -300,6 +302,39 @@ func (s *Service) count(ctx context.Context, items []item, calls int) {
 	}
 	chain(first)
 	wg.Wait()
+}
+
+// allowBy asks the item's limiter as allow does, waiting no later than
+// deadline; an item the deadline cuts short is decided by cut.
+func (s *Service) allowBy(ctx context.Context, it *item, deadline time.Time) {
+	if !time.Now().Before(deadline) {
+		s.cut(it)
+		return
+	}
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	s.allow(dctx, it)
+	cancel()
+	if it.err != nil && dctx.Err() != nil && ctx.Err() == nil {
+		s.cut(it)
+	}
+}
+
+// cut decides, without counting, an item whose call's deadline passed
+// before its limiter could answer: OK when its rule fails open, else
+// OVER_LIMIT (what the hybrid answers a decision Redis did not answer in
+// time, before its breaker opens: nothing is admitted that no count
+// backs). It counts as a failure-mode decision.
+func (s *Service) cut(it *item) {
+	r := it.rule()
+	s.cuts.Add(1)
+	p := r.Unit.Duration()
+	it.err, it.res = nil, nil
+	it.dec = ratelimit.Decision{Limit: r.Limit(), Algorithm: r.Algorithm, ResetAfter: untilWindowEnd(p, s.now())}
+	if r.FailureMode == ratelimit.FailOpen {
+		it.dec.Allowed, it.dec.Remaining = true, 0
+	} else {
+		it.dec.RetryAfter = s.opts.Timeout
+	}
 }
 
 // allow asks the item's limiter: to check without counting (hits_addend
@@ -357,7 +392,7 @@ func escape(b *strings.Builder, s string) {
 // respond turns the decided items into the response, counts them in the
 // metrics, and adds the headers (with Options.ResponseHeaders only) and the
 // dynamic metadata (with Compat.ResponseDynamicMetadata).
-func (s *Service) respond(req *pb.RateLimitRequest, items []item) (*pb.RateLimitResponse, error) {
+func (s *Service) respond(snap *snapshot, req *pb.RateLimitRequest, items []item) (*pb.RateLimitResponse, error) {
 	domain := req.Domain
 	resp := &pb.RateLimitResponse{Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(items))}
 	overRate, overQuota, quota := 0, 0, 0
@@ -369,7 +404,7 @@ func (s *Service) respond(req *pb.RateLimitRequest, items []item) (*pb.RateLimit
 			case errors.Is(err, ratelimit.ErrInvalidN):
 				// more hits than the fallback's share can ever admit
 				r := it.rule()
-				it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits)
+				it.dec = deniedUncounted(r.Limits, r.RequestsPerUnit, r.Unit, r.Algorithm, it.hits, s.now())
 			case err != nil:
 				return nil, decisionError(err)
 			}
@@ -380,7 +415,7 @@ func (s *Service) respond(req *pb.RateLimitRequest, items []item) (*pb.RateLimit
 		if r == nil || r.Unlimited { // neither counted nor measured, as envoyproxy/ratelimit
 			continue
 		}
-		s.record(domain, it)
+		s.record(snap, domain, it)
 		quotaMode := r.QuotaMode || s.opts.Compat.QuotaMode
 		if quotaMode {
 			quota++
@@ -459,7 +494,7 @@ func resetOf(reset, retry, unit time.Duration) time.Duration {
 	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
 }
 
-func (s *Service) record(domain string, it *item) {
+func (s *Service) record(snap *snapshot, domain string, it *item) {
 	if it.result < 0 {
 		return
 	}
@@ -468,15 +503,22 @@ func (s *Service) record(domain string, it *item) {
 		it.rs.hits.Add(float64(it.hits))
 		return
 	}
-	label := it.label
+	label, ident := it.label, ""
 	switch {
 	case it.ovr != nil:
 		label = overrideLabel(it.desc)
 	case label == "":
 		label = it.rs.rule.Path
+	default:
+		ident = it.rs.rule.Ident
 	}
-	s.m.decisions.WithLabelValues(domain, label, resultNames[it.result]).Inc()
-	s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
+	if it.ovr == nil && (label == it.rs.rule.Path || snap.static[labelKey{domain, label}]) {
+		// a label of the configuration's own: bounded by it
+		s.m.decisions.WithLabelValues(domain, label, resultNames[it.result]).Inc()
+		s.m.hits.WithLabelValues(domain, label).Add(float64(it.hits))
+		return
+	}
+	s.m.labels.series(domain, boundLabel(label), ident, s.now()).add(s.m.labels, it.result, it.hits)
 }
 
 func decisionError(err error) error {

@@ -25,6 +25,21 @@
 // chooses it: the least remaining when admitted, and when denied the
 // denying limit that frees last.
 //
+// # Backends
+//
+// The Service decides; a Backend counts (see Backend). New makes the Redis
+// backend from Options.Client: the hybrid limiters for strict and
+// optimistic rules, the global ones for exact rules, and in the migration
+// mode (Compat.EnvoyKeys) limiters that count exact fixed-window rules in
+// envoyproxy/ratelimit's keys and its way (Spec.Layout LayoutEnvoy; the
+// Service makes their keys, as the peer's cache key without the window).
+// The memory backend (NewMemoryBackend) counts with the library's local
+// limiters on an injected clock, so that everything above the counting is
+// tested without Redis and without sleeps. Giving hits back (a
+// hits_addend 0 check, Compat.StopIncrementWhenOverLimit) goes through the
+// limiters' reservations (ratelimit.Reserver) whatever the backend; a
+// limiter with its own answer to a check is a Checker.
+//
 // # Reload
 //
 // Apply installs a new Config atomically: a request sees the old rules or
@@ -42,11 +57,22 @@
 // the request is OVER_LIMIT when any descriptor is, shadow_mode turns a
 // rule's OVER_LIMIT into OK, quota_mode descriptors make the request
 // OVER_LIMIT only when all of them are, replaces drops the rules it names,
-// unlimited rules answer OK without counting, and requests_per_unit 0 denies
-// every request. A hits_addend above the limit can never be admitted and is
-// answered OVER_LIMIT without a Redis call. When a request has several
-// descriptors to count, they are counted concurrently, so a request waits
-// for Redis at most about one timeout, however many descriptors it has.
+// unlimited rules answer OK without counting (nor measuring), and
+// requests_per_unit 0 denies every request. A hits_addend above the limit
+// can never be admitted and is answered OVER_LIMIT without a Redis call; a
+// descriptor's own hits_addend of 0 checks without counting. An unknown
+// domain is answered OK with no limit. Compat asks for the rest of
+// envoyproxy/ratelimit's behaviours a migrating deployment relies on
+// (dynamic metadata, header names, quota mode, stopping the count of a
+// request over the limit).
+//
+// A request holds at most MaxDescriptors descriptors of at most MaxEntries
+// entries each (InvalidArgument beyond). Its descriptors of distinct keys
+// are counted concurrently, those of one key one after the other, within
+// one deadline for the whole request (Timeout): a descriptor still waiting
+// when it passes is answered without counting, OK under failure mode open
+// and OVER_LIMIT otherwise. So a request waits for Redis about one timeout
+// at most, however many descriptors it has.
 //
 // A Service is safe for concurrent use.
 package service

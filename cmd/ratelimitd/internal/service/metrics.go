@@ -31,6 +31,7 @@ type metrics struct {
 	shadowed               prometheus.Counter
 	notFound               prometheus.Counter // descriptors of an unknown domain
 	giveBackErrs           prometheus.Counter // hits taken to check or to stop, not given back
+	labels                 *labels            // rule labels made by requests
 }
 
 // retired holds the counters of limiters closed since the start, so that
@@ -88,10 +89,19 @@ func newMetrics(s *Service) *metrics {
 		Name: "ratelimit_give_back_errors_total",
 		Help: "Hits taken to check a descriptor (hits_addend 0) or of a request over the limit (--stop-cache-key-increment-when-overlimit) that could not be given back: they stay counted until their window ends.",
 	})
+	m.labels = &labels{max: s.opts.MaxRuleLabels, decisions: m.decisions, hits: m.hits,
+		folded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_rule_labels_folded_total",
+			Help: "Decisions counted under rule=\"" + OtherLabel + "\" because as many rule labels made by requests (limit overrides, detailed_metric, value_to_metric) as --max-rule-labels were in use.",
+		}, []string{"domain"})}
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("error")
 	m.reqOK, m.reqOver, m.reqErr = m.requests.WithLabelValues("ok"), m.requests.WithLabelValues("over_limit"), m.requests.WithLabelValues("error")
-	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed, m.notFound, m.giveBackErrs,
+	m.reg.MustRegister(m.decisions, m.hits, m.requests, m.latency, m.reloads, m.reloadOK, m.reloadAt, m.rules, m.shadowed, m.notFound, m.giveBackErrs, m.labels.folded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_rule_labels",
+			Help: "Rule labels made by requests (limit overrides, detailed_metric, value_to_metric) in use, at most --max-rule-labels.",
+		}, func() float64 { return float64(m.labels.count()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_redis_round_trips_total",
 			Help: "Round trips to Redis of every kind (a command or a pipeline), counted on the service's client.",
@@ -113,7 +123,7 @@ var (
 	keysDesc = prometheus.NewDesc("ratelimit_keys_tracked",
 		"Keys a hybrid limiter holds in memory.", []string{"limiter"}, nil)
 	instancesDesc = prometheus.NewDesc("ratelimit_instances",
-		"Instances sharing a hybrid limiter's quota, as it last learned.", []string{"limiter"}, nil)
+		"Instances sharing a limiter's quota, as it last learned (an exact limiter failing local: the fleet its local budget is shared by).", []string{"limiter"}, nil)
 	degradedDesc = prometheus.NewDesc("ratelimit_degraded",
 		"1 while a limiter decides without Redis (its circuit breaker is open).", []string{"limiter"}, nil)
 	limitersDesc = prometheus.NewDesc("ratelimit_limiters",
@@ -141,23 +151,22 @@ func (c *limiterCollector) Collect(ch chan<- prometheus.Metric) {
 	for e := range s.closing {
 		ents = append(ents, e)
 	}
-	fallback, local, leases := s.retired.fallback, s.retired.local, s.retired.leases
+	fallback, local, leases := s.retired.fallback+s.cuts.Load(), s.retired.local, s.retired.leases
 	s.mu.Unlock()
 	for _, e := range ents {
 		name := e.sig.String()
-		if st, ok := e.hybridStats(); ok {
-			fallback += st.Fallback
-			local += st.LocalDecisions
-			leases += st.Leases
+		st := e.lim.Stats()
+		fallback += st.Fallback
+		local += st.LocalDecisions
+		leases += st.Leases
+		if st.Tracked {
 			ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, float64(st.KeysTracked), name)
+		}
+		if st.Instances > 0 {
 			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(st.Instances), name)
+		}
+		if st.DegradedKnown {
 			ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(st.Degraded), name)
-		} else {
-			fb, degraded, known := e.globalState()
-			fallback += fb
-			if known {
-				ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(degraded), name)
-			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(fallbackDesc, prometheus.CounterValue, float64(fallback))

@@ -39,7 +39,7 @@ func (s *Service) override(o *rlcommon.RateLimitDescriptor_RateLimitOverride) (*
 	d := s.opts.Defaults
 	r := &config.Rule{RequestsPerUnit: k.rpu, Unit: k.unit, Mode: d.Mode, Algorithm: d.Algorithm, FailureMode: d.FailureMode}
 	if k.rpu > 0 {
-		if err := r.Limit().Validate(); err != nil {
+		if err := r.Limit().ValidateFor(r.Algorithm); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "limit override %d per %s: %v", k.rpu, strings.ToLower(k.unit.String()), err)
 		}
 	}

@@ -16,34 +16,52 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/config"
+	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/rtcount"
 )
 
 // Defaults of Options.
 const (
 	DefaultPrefix       = "ratelimitd"
-	DefaultTimeout      = 100 * time.Millisecond
+	DefaultTimeout      = hybrid.DefaultTimeout // 500ms: 100ms denied under load (docs/failure-modes.md)
 	DefaultMaxOverrides = 64
+	// DefaultMaxDescriptors bounds the descriptors of one call, and
+	// DefaultMaxEntries the entries of one descriptor (see Options).
+	DefaultMaxDescriptors = 64
+	DefaultMaxEntries     = 16
 )
 
-// Options configure a Service. Client is required; the zero value of every
-// other field is its default.
+// Options configure a Service. Client or Backend is required; the zero
+// value of every other field is its default.
 type Options struct {
 	// Client is the Redis client every limiter uses (standalone, Sentinel or
-	// Cluster). The Service adds a hook to it that counts round trips; the
-	// caller closes it after Close.
+	// Cluster), through the Redis backend (NewRedisBackend) the Service
+	// makes when Backend is nil. The Service adds a hook to it that counts
+	// round trips; the caller closes it after Close.
 	Client redis.UniversalClient
+	// RedisAddrs are the addresses Client was made with: when Redis cannot
+	// be reached, Ready says why (a refused dial, an unknown host).
+	RedisAddrs []string
+	// Backend, when not nil, makes the limiters instead of the Redis
+	// backend (Client, Timeout, SyncInterval, Instances and MaxKeys then
+	// do not apply to them). The Service closes it in Close.
+	Backend Backend
+	// Clock is the time the service reads of its own (the reset of a
+	// descriptor denied without counting); default time.Now. A test gives
+	// it the memory backend's clock.
+	Clock func() time.Time
 	// Prefix starts every Redis key (default "ratelimitd"); it must not hold
 	// '{' or '}'.
 	Prefix string
-	// Timeout bounds every wait on Redis of a decision (default 100ms).
+	// Timeout bounds every wait on Redis of a decision, exact rules'
+	// included (default DefaultTimeout, the hybrid limiter's 500ms).
 	Timeout time.Duration
 	// SyncInterval is the hybrid limiters' sync interval (0: the library's
 	// default).
 	SyncInterval time.Duration
-	// Instances fixes the fleet size; 0 lets the hybrid limiters learn it from
-	// heartbeats. Exact rules with failure mode local admit Rate / Instances
-	// (Rate when 0) per window while Redis is unreachable.
+	// Instances fixes the fleet size; 0 learns it from heartbeats. Exact
+	// rules with failure mode local admit Rate / fleet size per window while
+	// Redis is unreachable (see RedisOptions.Instances).
 	Instances int
 	// MaxKeys bounds the keys each hybrid limiter tracks (0: the library's
 	// default).
@@ -51,6 +69,15 @@ type Options struct {
 	// MaxOverrides bounds the distinct limits requests may set with a
 	// descriptor's limit override (default 64).
 	MaxOverrides int
+	// MaxRuleLabels bounds the rule labels requests make in the metrics
+	// (limit overrides, detailed_metric, value_to_metric): default
+	// DefaultMaxRuleLabels; see OtherLabel.
+	MaxRuleLabels int
+	// MaxDescriptors bounds the descriptors of one call, and MaxEntries
+	// the entries of one descriptor (defaults 64 and 16): a call over
+	// either is refused with InvalidArgument before anything is counted,
+	// so the work and the goroutines of one call are bounded.
+	MaxDescriptors, MaxEntries int
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
 	// RateLimit-Reset to each response, for the descriptor closest to its
 	// limit (as envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED).
@@ -76,11 +103,14 @@ type Service struct {
 
 	opts      Options
 	log       *slog.Logger
+	backend   Backend
+	now       func() time.Time
 	snap      atomic.Pointer[snapshot]
 	sent      rtcount.Hook // what the service's client sent Redis
 	m         *metrics
 	overrides sync.Map // overrideKey -> *override
 
+	cuts       atomic.Uint64 // items a call's deadline cut short (see cut)
 	shut       atomic.Bool   // Close has begun: decisions are refused
 	stop       chan struct{} // closed by Close: retirements stop waiting
 	mu         sync.Mutex    // guards the fields below; never held by a decision
@@ -101,7 +131,8 @@ const drainBound = 30 * time.Second
 // changes once published.
 type snapshot struct {
 	cfg      *config.Config
-	rules    []ruleState // indexed by config.Rule.ID
+	rules    []ruleState       // indexed by config.Rule.ID
+	static   map[labelKey]bool // the rule labels of the configuration (each rule's path)
 	inflight inflight
 }
 
@@ -129,7 +160,7 @@ func (rs *ruleState) limitFor(d ratelimit.Decision) *pb.RateLimitResponse_RateLi
 
 // New returns a Service with no rules: it answers Unavailable until Apply.
 func New(opts Options) (*Service, error) {
-	if opts.Client == nil {
+	if opts.Client == nil && opts.Backend == nil {
 		return nil, errors.New("service: a Redis client is required")
 	}
 	if opts.Prefix == "" {
@@ -144,6 +175,15 @@ func New(opts Options) (*Service, error) {
 	if opts.MaxOverrides <= 0 {
 		opts.MaxOverrides = DefaultMaxOverrides
 	}
+	if opts.MaxRuleLabels <= 0 {
+		opts.MaxRuleLabels = DefaultMaxRuleLabels
+	}
+	if opts.MaxDescriptors <= 0 {
+		opts.MaxDescriptors = DefaultMaxDescriptors
+	}
+	if opts.MaxEntries <= 0 {
+		opts.MaxEntries = DefaultMaxEntries
+	}
 	if opts.Instances < 0 || opts.MaxKeys < 0 || opts.SyncInterval < 0 {
 		return nil, errors.New("service: Instances, MaxKeys and SyncInterval must not be negative")
 	}
@@ -153,9 +193,26 @@ func New(opts Options) (*Service, error) {
 	if err := opts.Compat.init(); err != nil {
 		return nil, err
 	}
-	s := &Service{opts: opts, log: opts.Logger, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	s := &Service{opts: opts, log: opts.Logger, now: opts.Clock, pool: map[signature]*entry{}, closing: map[*entry]bool{}, stop: make(chan struct{})}
 	s.m = newMetrics(s)
-	opts.Client.AddHook(&s.sent)
+	if opts.Client != nil {
+		opts.Client.AddHook(&s.sent)
+	}
+	s.backend = opts.Backend
+	if s.backend == nil {
+		var err error
+		s.backend, err = NewRedisBackend(RedisOptions{
+			Client: opts.Client, Addrs: opts.RedisAddrs, Prefix: opts.Prefix, Timeout: opts.Timeout,
+			SyncInterval: opts.SyncInterval, Instances: opts.Instances, MaxKeys: opts.MaxKeys,
+			EnvoyExpirationJitter: opts.Compat.ExpirationJitterMaxSeconds, Logger: opts.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -170,17 +227,13 @@ func (s *Service) RoundTrips() uint64 { return uint64(s.sent.RoundTrips()) }
 func (s *Service) Loaded() bool { return s.snap.Load() != nil }
 
 // Ready reports why the service cannot answer as it should, or nil: rules
-// must be loaded and Redis must answer a PING within the timeout.
+// must be loaded and the backend must serve (for Redis: answer a PING and
+// take a write within the timeout).
 func (s *Service) Ready(ctx context.Context) error {
 	if !s.Loaded() {
 		return errors.New("no configuration loaded")
 	}
-	ctx, cancel := context.WithTimeout(ctx, max(s.opts.Timeout, 250*time.Millisecond))
-	defer cancel()
-	if err := s.opts.Client.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis unreachable: %w", err)
-	}
-	return nil
+	return s.backend.Ready(ctx)
 }
 
 // Apply puts cfg in force (see the package documentation). It fails, with
@@ -192,12 +245,13 @@ func (s *Service) Apply(cfg *config.Config) error {
 		return ratelimit.ErrClosed
 	}
 	old := s.snap.Load()
-	snap := &snapshot{cfg: cfg, rules: make([]ruleState, len(cfg.Rules))}
+	snap := &snapshot{cfg: cfg, rules: make([]ruleState, len(cfg.Rules)), static: make(map[labelKey]bool, len(cfg.Rules))}
 	used := map[signature]bool{}
 	var made []*entry
 	for i, r := range cfg.Rules {
 		rs := &snap.rules[i]
 		rs.rule = r
+		snap.static[labelKey{r.Domain, r.Path}] = true
 		if !r.ValuesInLabel && !r.Unlimited { // unlimited rules are not measured
 			for res := range nResults {
 				rs.ctr[res] = s.m.decisions.WithLabelValues(r.Domain, r.Path, resultNames[res])
@@ -304,6 +358,11 @@ func (s *Service) afterReload(old, cur *snapshot) {
 	for e := range flush {
 		s.bg.Go(func() { s.flushEntry(e) })
 	}
+	idents := make(map[string]bool, len(cur.rules))
+	for _, rs := range cur.rules {
+		idents[rs.rule.Ident] = true
+	}
+	s.m.labels.reloaded(func(id string) bool { return idents[id] }, func(k labelKey) bool { return cur.static[k] })
 }
 
 // ReloadResult records the outcome of a configuration load in the metrics:
@@ -350,5 +409,6 @@ func (s *Service) Close() error {
 		wg.Go(func() { errs[i] = s.closeEntry(e) })
 	}
 	wg.Wait()
+	errs = append(errs, s.backend.Close())
 	return errors.Join(errs...)
 }
