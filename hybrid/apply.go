@@ -86,6 +86,14 @@ func (w windows) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 // owed back.
 func (lc *lockedCounter) putGrant(p *params, idx, g, start, end, now int64, f fleet) effects {
 	e := effects{leases: 1, leasedUnits: uint64(g)}
+	if p.cautious(f, start, end) {
+		if kept := lc.afterOutage(p, idx, g, f); kept < g {
+			e.visit = visitNow // the rest goes back
+			if g = kept; g == 0 {
+				return e
+			}
+		}
+	}
 	cur := lc.cur.Load()
 	switch {
 	case lc.dead.Load() || f.draining || now >= end:

@@ -121,20 +121,29 @@ func (b buckets) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 	r := &rep.bkt
 	var e effects
 	cur := lc.cur.Load()
-	lc.setFree(cur, 0, r.Level)
+	lc.setLevel(cur, r.Level)
+	grant := r.Grant
+	if period := x.after / b.p.periodNS; grant > 0 && b.p.cautious(f, period*b.p.periodNS, (period+1)*b.p.periodNS) {
+		if kept := lc.afterOutage(b.p, period, grant, f); kept < grant {
+			e.visit = visitNow // the rest goes back
+			grant = kept
+		}
+	}
 	switch {
-	case r.Grant > 0:
+	case r.Grant > 0 && grant == 0:
+		e.leases, e.leasedUnits = 1, uint64(r.Grant)
+	case grant > 0:
 		e.leases, e.leasedUnits = 1, uint64(r.Grant)
 		switch {
 		case lc.dead.Load() || f.draining:
-			lc.owe(0, r.Grant, 0)
+			lc.owe(0, grant, 0)
 			e.visit = visitNow
 		case cur == nil:
 			nl := lc.newLease(0, 0, noEnd, true)
-			nl.grow(r.Grant)
+			nl.grow(grant)
 			lc.cur.Store(nl)
 		default:
-			cur.grow(r.Grant)
+			cur.grow(grant)
 		}
 		lc.blockedUntil.Store(0)
 	case k.bkt.Want > 0 && r.Retry > 0:

@@ -67,6 +67,12 @@ type counter struct {
 	asked     int64
 	prevAsked int64
 
+	// After an outage (see afterOutage): the budget the key was given on
+	// credit in window budIdx, and what was granted it in window
+	// cautionIdx since the outage.
+	budIdx, bud                int64
+	cautionIdx, cautionGranted int64
+
 	// Units asked through the slow path in window slowIdx, and in the one
 	// before it: how cold the key is (see cold).
 	slowIdx  int64
@@ -306,13 +312,31 @@ func (lc *lockedCounter) newLease(idx, start, end int64, known bool) *lease {
 }
 
 // setFree records window idx's remainder in Redis on l (which may be nil).
+// A window's count grows but for refunds, and replies may be applied out
+// of order (two pipelines on their way): the least remainder heard of a
+// window stands, never a stale larger one.
 func (lc *lockedCounter) setFree(l *lease, idx, free int64) {
 	if l != nil && l.idx == idx {
+		if f := l.free.Load(); f != unknownFree && f < free {
+			free = f
+		}
 		l.free.Store(free)
 	}
-	if idx >= lc.freeIdx {
+	switch {
+	case idx > lc.freeIdx:
 		lc.freeIdx, lc.freeVal = idx, free
+	case idx == lc.freeIdx:
+		lc.freeVal = min(lc.freeVal, free)
 	}
+}
+
+// setLevel records what a bucket holds in Redis, on l (which may be nil):
+// it refills, so the last word stands.
+func (lc *lockedCounter) setLevel(l *lease, level int64) {
+	if l != nil {
+		l.free.Store(level)
+	}
+	lc.freeIdx, lc.freeVal = 0, level
 }
 
 // knownFree returns window idx's remainder as last heard from Redis.
@@ -487,4 +511,66 @@ func (c *counter) charge(p *params, n, now int64, f fleet) visit {
 			return v.or(visitSoon)
 		}
 	}
+}
+
+// afterOutage bounds a grant of g units of window idx (for a bucket, the
+// period of the instance's clock idx) that comes after the instance's
+// outage touched it (params.cautious): it returns what
+// the key keeps, and owes the rest back. While Redis was away each
+// instance admitted on credit within its budget for the window (the
+// window's last-known remainder shared by the instances); Redis does not
+// know yet what the other instances admitted, so it may grant units they
+// already used. The key keeps what its budget leaves after its own credit:
+// then the fleet admits, all in all, what Redis granted before the outage
+// and the instances' budgets, whatever order their reports and grants come
+// in.
+func (lc *lockedCounter) afterOutage(p *params, idx, g int64, f fleet) (kept int64) {
+	bud := lc.bud
+	if lc.budIdx != idx {
+		bud = lc.creditShare(idx, p.localShare(f), f)
+	}
+	credit := int64(0)
+	if l := lc.cur.Load(); l != nil {
+		switch b := l.borrowed.Load(); {
+		case b >= closedBudget:
+		case !p.bucket && l.idx == idx, p.bucket && l.budgetIdx.Load() == idx:
+			credit = b
+		}
+	}
+	if !p.bucket && lc.spentIdx == idx {
+		credit = max(credit, lc.spent)
+	}
+	if lc.cautionIdx != idx {
+		lc.cautionIdx, lc.cautionGranted = idx, 0
+	}
+	kept = min(g, max(0, bud-credit-lc.cautionGranted))
+	lc.cautionGranted += kept
+	if g > kept {
+		owed := idx
+		if p.bucket {
+			owed = 0 // a bucket's debts have no window
+		}
+		lc.owe(owed, g-kept, 0)
+	}
+	return kept
+}
+
+// budgetLeft is the credit budget share of window idx less what was
+// granted the key in it since the outage: grants after an outage and
+// credit share one budget (see afterOutage).
+func (lc *lockedCounter) budgetLeft(idx, share int64) int64 {
+	if lc.cautionIdx == idx {
+		return max(0, share-lc.cautionGranted)
+	}
+	return share
+}
+
+// noteBudget records share as the key's credit budget in window idx while
+// Redis is away (the largest it was).
+func (lc *lockedCounter) noteBudget(idx, share int64) {
+	if lc.budIdx != idx {
+		lc.budIdx, lc.bud = idx, share
+		return
+	}
+	lc.bud = max(lc.bud, share)
 }

@@ -134,6 +134,9 @@ func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
 	if l := lc.cur.Load(); l != nil && l.known && now < l.end && l.avail.Load() > 0 {
 		return false // it holds units of the window: a lease call adds what it lacks
 	}
+	if _, end := p.policy.window(lc, now, f); p.cautious(f, end-p.periodNS, end) {
+		return false // after an outage a grant is bounded (afterOutage); an exact call is not
+	}
 	// Warm: asked leaseAt units in this window or the last, or in both
 	// (about once a window or more).
 	warm := this >= leaseAt || last >= leaseAt || this > n && last > 0
@@ -256,7 +259,7 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		r := e.res.bkt
 		end = noEnd
 		remaining, retry = r.Level, x.before+r.Retry*1000-now
-		lc.setFree(lc.cur.Load(), 0, r.Level)
+		lc.setLevel(lc.cur.Load(), r.Level)
 	default:
 		r := e.res.win
 		end = f.clock.end(r.Idx, r.Reset, x.before, x.after)

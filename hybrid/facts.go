@@ -17,6 +17,7 @@ type params struct {
 	mode     Mode
 	failure  ratelimit.FailureMode
 	openFor  int64 // how long the breaker stays open, ns: a FailClosed denial's RetryAfter
+	settle   int64 // ns after its own outage during which the instance stays cautious (see fleet.cautious)
 	rate     int64
 	capacity int64 // the most one decision can ask: Rate (windows), Burst (buckets)
 	bucket   bool  // TokenBucket or GCRA: leases tokens, not a window's quota
@@ -36,6 +37,7 @@ func newParams(limit ratelimit.Limit, cfg config) *params {
 		mode:     cfg.mode,
 		failure:  cfg.failure,
 		openFor:  int64(cfg.breakerOpenFor),
+		settle:   int64(cfg.breakerOpenFor + 3*cfg.syncInterval + cfg.timeout),
 		rate:     int64(limit.Rate),
 		capacity: int64(limit.Capacity(cfg.algorithm)),
 		bucket:   isBucket(cfg.algorithm),
@@ -69,6 +71,24 @@ type fleet struct {
 	draining  bool  // Flush or Close in progress: give back, lease nothing
 	breaker   breaker.State
 	clock     clockView // Redis server time on the monotonic clock
+	// The instance's last outage: from when Redis first failed it (an
+	// error, or no reply within a call's deadline) until it served it
+	// again with the breaker closed (0 until then), mono ns; from is 0
+	// when there was none.
+	outageFrom, outageTo int64
+}
+
+// cautious reports whether the instance's last outage touched the window
+// from start to end (mono), or came close enough before it that another
+// instance may still be recovering: while Redis was away the instances may
+// have admitted in it on credit, some of which Redis has not heard of yet,
+// so the instance's grants in it are bounded by its budget (see
+// lockedCounter.afterOutage). Another instance recovers (its breaker opens
+// for openFor, then its syncer probes at its next tick) and reports what it
+// admitted (at its next call, a tick at most) within settle of this one,
+// when they share their options.
+func (p *params) cautious(f fleet, start, end int64) bool {
+	return f.outageFrom != 0 && f.outageFrom < end && (f.outageTo == 0 || f.outageTo+p.settle >= start)
 }
 
 // optimisticShare is what an instance may admit per window on credit in

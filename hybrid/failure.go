@@ -52,6 +52,12 @@ func (c *counter) fallback(p *params, n, now int64, f fleet) (ratelimit.Decision
 		l, v := c.creditLease(p, now, f)
 		lc := c.lock()
 		share := lc.creditShare(l.idx, p.localShare(f), f)
+		idx := l.idx
+		if p.bucket {
+			idx = now / p.periodNS // a bucket's budget is per period of the instance's clock
+		}
+		lc.noteBudget(idx, share)
+		share = lc.budgetLeft(idx, share)
 		lc.unlock()
 		d, l2, w, ok := c.onCredit(p, n, now, share, f)
 		if v = v.or(w); ok {

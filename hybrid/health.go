@@ -32,9 +32,14 @@ type health struct {
 
 	lastErr atomic.Pointer[errAt] // the last Redis error, and when
 	learned atomic.Bool           // a heartbeat told the fleet size at least once
-	live    atomic.Int64          // instances alive at the last heartbeat
+	live    atomic.Int64          // instances the fleet counts: the most alive at a heartbeat lately (see seen)
+	liveAt  int64                 // mono of the heartbeat that set live; owned by the syncer goroutine
 	tickGap atomic.Int64          // smoothed time between ticks, ns
 	lastGap atomic.Int64          // time from the tick before to the last one, ns
+	// The last outage (see fleet): when the breaker opened, and when it
+	// closed after (0 while open), mono ns.
+	outageFrom atomic.Int64
+	outageTo   atomic.Int64
 
 	// Owned by the syncer goroutine.
 	lastTick int64 // mono of the last tick
@@ -52,6 +57,7 @@ func (hl *health) init(h *Limiter, cfg config) {
 	hl.brk.OnStateChange(func(from, to breaker.State) {
 		switch to {
 		case breaker.Open:
+			hl.troubled()
 			if from == breaker.Closed {
 				e := Event{Kind: EventDegraded}
 				if last := hl.lastErr.Load(); last != nil {
@@ -60,10 +66,44 @@ func (hl *health) init(h *Limiter, cfg config) {
 				hl.emit(e)
 			}
 		case breaker.Closed:
+			hl.healed()
 			hl.emit(Event{Kind: EventRecovered})
 		}
 	})
 }
+
+// troubled records that Redis failed the instance (an error, or no reply
+// within a call's deadline): an outage begins, unless one is on.
+func (hl *health) troubled() {
+	if hl.outageFrom.Load() == 0 || hl.outageTo.Load() != 0 {
+		hl.outageTo.Store(0)
+		hl.outageFrom.Store(max(1, hl.pipe.mono()))
+	}
+}
+
+// healed records that Redis serves the instance again, the breaker
+// closed: the outage ends.
+func (hl *health) healed() {
+	if hl.outageFrom.Load() != 0 && hl.outageTo.Load() == 0 && hl.brk.State() == breaker.Closed {
+		hl.outageTo.Store(max(1, hl.pipe.mono()))
+	}
+}
+
+// seen records that n instances were alive at a heartbeat. The fleet's
+// size shrinks only when none larger was seen for fleetMemory heartbeats:
+// after an outage the instances' heartbeats come back one by one, and a
+// fleet that looked smaller meanwhile would give each instance a larger
+// share of what it admits without Redis.
+func (hl *health) seen(n int64) {
+	now := hl.pipe.mono()
+	if n >= hl.live.Load() || now-hl.liveAt > fleetMemory*int64(hl.every) {
+		hl.live.Store(n)
+		hl.liveAt = now
+	}
+}
+
+// fleetMemory is how many heartbeats the fleet's size is remembered.
+const fleetMemory = 10
 
 // instances is how many instances share the quota: as configured, or
 // learned by heartbeat.
@@ -107,8 +147,10 @@ func (hl *health) probe(ctx context.Context) {
 	hl.st.roundTrips.Add(2)
 	if err == nil {
 		hl.brk.Success()
+		hl.healed()
 	} else {
 		hl.noteErr(err)
+		hl.troubled()
 		hl.brk.Failure()
 	}
 }
@@ -132,7 +174,7 @@ func (hl *health) heartbeat(ctx context.Context, join bool) {
 		n, err := script.Instances.Run(ctx, hl.pipe.client, []string{script.InstancesKey(hl.prefix)}, hl.id, live, flag).Int64()
 		hl.st.roundTrips.Add(1)
 		if err == nil && n > 0 {
-			hl.live.Store(n)
+			hl.seen(n)
 			hl.learned.Store(true)
 		}
 		return err
@@ -183,6 +225,7 @@ func noAnswer(err error) bool {
 func (hl *health) failed(err error) {
 	err = hl.noteErr(err)
 	hl.st.flushErrors.Add(1)
+	hl.troubled()
 	hl.brk.Failure()
 	hl.emit(Event{Kind: EventFlushError, Err: err})
 }

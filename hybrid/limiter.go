@@ -421,12 +421,14 @@ func (h *Limiter) mono() int64 {
 // now.
 func (h *Limiter) facts() fleet {
 	return fleet{
-		instances: h.health.instances(),
-		tickGap:   h.health.tickGap.Load(),
-		lastGap:   h.health.lastGap.Load(),
-		draining:  h.draining.Load() > 0,
-		breaker:   h.health.brk.State(),
-		clock:     h.clk.view(),
+		instances:  h.health.instances(),
+		tickGap:    h.health.tickGap.Load(),
+		lastGap:    h.health.lastGap.Load(),
+		draining:   h.draining.Load() > 0,
+		breaker:    h.health.brk.State(),
+		clock:      h.clk.view(),
+		outageFrom: h.health.outageFrom.Load(),
+		outageTo:   h.health.outageTo.Load(),
 	}
 }
 

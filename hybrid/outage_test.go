@@ -35,13 +35,14 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 	defer direct.Close()
 	prefix := uniq(t)
 	var ls []ratelimit.Limiter
+	var hs []*hybrid.Limiter
 	for i := 0; i < o.instances; i++ {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		h, err := hybrid.New(c, o.limit, append([]hybrid.Option{hybrid.WithPrefix(prefix)}, o.opts...)...)
 		require.NoError(t, err)
 		t.Cleanup(func() { h.Close() })
-		ls = append(ls, h)
+		ls, hs = append(ls, h), append(hs, h)
 	}
 	// Start at a window's start.
 	_, left := serverWindow(t, direct, o.limit.Period)
@@ -79,23 +80,85 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 		}
 		fmt.Fprintf(&b, " w%d:%d%s", i-idx[0], all[i], mark)
 	}
-	t.Logf("admitted per window:%s", b.String())
+	s := sumStats(hs)
+	t.Logf("admitted per window:%s; fallback %d, no reply %d, degraded now %v", b.String(), s.Fallback, s.NoReply, s.Degraded)
+	for i, h := range hs {
+		x := h.Stats()
+		t.Logf("instance %d: allowed %d leased %d refunded %d exact %d reported %d fallback %d", i, x.Allowed, x.LeasedUnits, x.Refunded, x.ExactDecisions, x.Reported, x.Fallback)
+	}
 	return all, frozeIn, thawedIn
 }
 
-func TestOutageRecoveryProbe(t *testing.T) {
-	for _, c := range []struct {
+// An outage never lets a window pass the limit, the window where Redis
+// comes back included: a hot key far over its limit, a fleet of 1, 2 and 8
+// instances, Redis frozen (SIGSTOP) across window boundaries and within
+// one window. While Redis is away each instance admits on credit within
+// its budget (FailLocal, the default: the window's last-known remainder
+// shared by the instances); when it is back, what the instances admitted
+// locally is charged to the window before anything more is granted in it
+// (afterOutage), whatever order the reports and grants come in. Strict:
+// never over Rate in any window; optimistic: within its stated bound,
+// Rate + Rate / 8.
+func TestOutageRecoveryBound(t *testing.T) {
+	spanning := func(o outageRun) outageRun { // 1s windows, frozen 2.6s from mid-window
+		o.limit.Period, o.freezeAt, o.freezeFor, o.runFor = time.Second, 1400*time.Millisecond, 2600*time.Millisecond, 5*time.Second
+		return o
+	}
+	inside := func(o outageRun) outageRun { // 4s windows, frozen 2.8s within one
+		o.limit.Period, o.freezeAt, o.freezeFor, o.runFor = 4*time.Second, 4400*time.Millisecond, 2800*time.Millisecond, 9*time.Second
+		return o
+	}
+	fast := hybrid.WithTimeout(100 * time.Millisecond) // the breaker opens within a second
+	cases := []struct {
 		name string
-		n    int
-		opts []hybrid.Option
+		o    outageRun
+		over int // what a window may admit past Rate
 	}{
-		{"1 instance, learned, 100ms", 1, []hybrid.Option{hybrid.WithTimeout(100 * time.Millisecond)}},
-		{"2 instances", 2, []hybrid.Option{hybrid.WithInstances(2)}},
-	} {
+		{"1 instance, learned/spanning", spanning(outageRun{instances: 1, opts: []hybrid.Option{fast}}), 0},
+		{"1 instance, learned/inside", inside(outageRun{instances: 1, opts: []hybrid.Option{fast}}), 0},
+		{"2 instances, defaults/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{hybrid.WithInstances(2)}}), 0},
+		{"8 instances/spanning", spanning(outageRun{instances: 8, opts: []hybrid.Option{fast}}), 0},
+		{"8 instances/inside", inside(outageRun{instances: 8, opts: []hybrid.Option{fast}}), 0},
+		{"2 instances, SlidingWindow/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast, hybrid.WithAlgorithm(ratelimit.SlidingWindow)}}), 0},
+		{"2 instances, optimistic/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast, hybrid.WithMode(hybrid.Optimistic)}}), 1000 / 8},
+	}
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			o := outageRun{instances: c.n, opts: c.opts, limit: ratelimit.PerSecond(1000),
-				freezeAt: 1500 * time.Millisecond, freezeFor: 3 * time.Second, runFor: 6 * time.Second}
-			o.run(t)
+			c.o.limit.Rate = 1000
+			perWin, frozeIn, thawedIn := c.o.run(t)
+			for idx, n := range perWin {
+				require.LessOrEqual(t, n, c.o.limit.Rate+c.over, "window %d (froze in %d, thawed in %d)", idx, frozeIn, thawedIn)
+			}
+			require.Greater(t, perWin[thawedIn], 0, "the window where Redis came back admits")
+		})
+	}
+}
+
+// The buckets through a Redis freeze: at every admission the fleet has
+// admitted at most Burst + Rate x elapsed, and one period's Rate more (the
+// instances' local budgets are per period of their own clocks, which do
+// not start together), whatever order the reports and grants come in
+// once Redis is back.
+func TestOutageRecoveryBucket(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			srv := redistest.Standalone(t)
+			lim := ratelimit.Limit{Rate: 1000, Period: time.Second, Burst: 500}
+			_, ls := fleet(t, 4, func() redis.UniversalClient { return srv.Client() }, lim,
+				hybrid.WithPrefix(uniq(t)), hybrid.WithAlgorithm(alg), hybrid.WithInstances(4), hybrid.WithTimeout(100*time.Millisecond))
+			go func() {
+				time.Sleep(1400 * time.Millisecond)
+				require.NoError(t, srv.Freeze())
+				time.Sleep(2600 * time.Millisecond)
+				require.NoError(t, srv.Thaw())
+			}()
+			const d = 5 * time.Second
+			_, at := bucketRun(t, ls, 4, d)
+			for i, e := range at {
+				allow := float64(lim.Burst) + float64(lim.Rate)*(e.Seconds()+1)
+				require.LessOrEqual(t, float64(i+1), allow, "admission %d at %v: over Burst + Rate x (elapsed + a period)", i+1, e)
+			}
+			t.Logf("admitted %d in %v (Burst + Rate x elapsed: %d)", len(at), d, lim.Burst+int(lim.Rate*int(d.Seconds())))
 		})
 	}
 }

@@ -112,7 +112,7 @@ func (r *refLimiter) obsolete(idx, mono int64) bool {
 func (r *refLimiter) installBucket(want int64, rep script.BucketReply, mono int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.setFree(r.cur, 0, rep.Level)
+	r.setLevel(r.cur, rep.Level)
 	switch {
 	case rep.Grant > 0:
 		if r.cur == nil {
@@ -177,13 +177,28 @@ func (r *refLimiter) newLease(idx, start, end int64) *refLease {
 	return l
 }
 
+// setFree keeps the least remainder heard of a window.
 func (r *refLimiter) setFree(l *refLease, idx, free int64) {
 	if l != nil && l.idx == idx {
+		if l.free != unknownFree {
+			free = min(free, l.free)
+		}
 		l.free = free
 	}
-	if !r.hasFree || idx >= r.freeIdx {
+	switch {
+	case !r.hasFree || idx > r.freeIdx:
 		r.freeIdx, r.freeVal, r.hasFree = idx, free, true
+	case idx == r.freeIdx:
+		r.freeVal = min(r.freeVal, free)
 	}
+}
+
+// setLevel keeps a bucket's last level.
+func (r *refLimiter) setLevel(l *refLease, level int64) {
+	if l != nil {
+		l.free = level
+	}
+	r.freeIdx, r.freeVal, r.hasFree = 0, level, true
 }
 
 func (r *refLimiter) putGrant(idx, g, start, end, mono int64) {

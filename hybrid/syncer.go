@@ -139,6 +139,7 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 		// (A pipeline of resent calls only tells nothing: a Redis out of
 		// memory answers them, and refuses every write.)
 		h.health.brk.Success()
+		h.health.healed()
 	}
 	return nil
 }
