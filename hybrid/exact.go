@@ -43,7 +43,7 @@ type exactCall struct {
 	n     int64
 	fw    bool            // take.lua; else the lease or bucket script for exactly n
 	take  script.TakeArgs // fw
-	call  leaseCall       // !fw: the arguments, not an outstanding call
+	call  *leaseCall      // !fw: the arguments, not an outstanding call
 	owed  []debt          // what the call carries of the key's debts
 	done  chan struct{}   // closed when res is set
 	state atomic.Int32    // exactWaited, exactAnswered or exactAbandoned
@@ -193,7 +193,7 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now int64, f fleet) *
 		return e
 	}
 	id.nonce = "" // never sent twice: no replay record
-	e.call = *lc.newCall(p, id, f)
+	e.call = lc.newCall(p, id, f)
 	if e.call.bucket {
 		e.call.bkt.Want, e.call.bkt.Min, e.call.bkt.Instances = n, n, 1
 		e.owed = append(e.owed, lc.debts...)

@@ -3,10 +3,14 @@ package hybrid_test
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
@@ -105,4 +109,45 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 		}
 	})
 	reportDecisions(b, h)
+}
+
+// BenchmarkColdKeys: every decision on a key the limiter has not seen in
+// its window (an exact call each, sharing round trips under RunParallel),
+// beside global's per-request script on the same server.
+func BenchmarkColdKeys(b *testing.B) {
+	srv := redistest.Standalone(b)
+	limit := ratelimit.PerMinute(1_000_000)
+	run := func(b *testing.B, l ratelimit.Limiter) {
+		ctx := context.Background()
+		var n atomic.Int64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := l.AllowN(ctx, "cold-"+strconv.FormatInt(n.Add(1), 10), 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	}
+	b.Run("hybrid", func(b *testing.B) {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		b.Cleanup(func() { c.Close() })
+		h, err := hybrid.New(c, limit, hybrid.WithPrefix("cold"+strconv.FormatInt(time.Now().UnixNano(), 10)), hybrid.WithInstances(1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { h.Close() })
+		run(b, h)
+	})
+	b.Run("global", func(b *testing.B) {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		b.Cleanup(func() { c.Close() })
+		g, err := global.New(c, limit, global.WithPrefix("coldg"+strconv.FormatInt(time.Now().UnixNano(), 10)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, g)
+	})
 }
