@@ -33,7 +33,7 @@ type health struct {
 	lastErr atomic.Pointer[errAt] // the last Redis error, and when
 	learned atomic.Bool           // a heartbeat told the fleet size at least once
 	live    atomic.Int64          // instances the fleet counts: the most alive at a heartbeat lately (see seen)
-	liveAt  int64                 // mono of the heartbeat that set live; owned by the syncer goroutine
+	liveAt  atomic.Int64          // mono of the heartbeat that set live
 	tickGap atomic.Int64          // smoothed time between ticks, ns
 	lastGap atomic.Int64          // time from the tick before to the last one, ns
 	// The last outage (see fleet): when the breaker opened, and when it
@@ -96,9 +96,9 @@ func (hl *health) healed() {
 // share of what it admits without Redis.
 func (hl *health) seen(n int64) {
 	now := hl.pipe.mono()
-	if n >= hl.live.Load() || now-hl.liveAt > fleetMemory*int64(hl.every) {
+	if n >= hl.live.Load() || now-hl.liveAt.Load() > fleetMemory*int64(hl.every) {
 		hl.live.Store(n)
-		hl.liveAt = now
+		hl.liveAt.Store(now)
 	}
 }
 
