@@ -58,7 +58,7 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 		require.NoError(t, srv.Thaw())
 	}()
 	tl := newTally(o.limit.Period)
-	hammerRandom(t, ls, []string{"k"}, 4, o.runFor, tl)
+	hammerRandom(t, ls, []string{"k"}, 4, o.runFor, tl, nil)
 	_, all := tl.windows("k", start, time.Now())
 	var idx []int64
 	for i := range all {
