@@ -930,3 +930,63 @@ func TestExactCallLeaseScripts(t *testing.T) {
 		t.Errorf("bucket decision %+v; want 50 remaining, full in 500ms", d)
 	}
 }
+
+// After an outage, a key's grants in a window the outage touched and its
+// own credit there share one budget (its FailLocal budget): what Redis
+// grants beyond it is owed back at once; a window that begins after the
+// instance recovered, and after the others may have, is not bounded.
+func TestAfterOutage(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.f.instances = 4 // a budget of 250 a window
+	now := 10*sec + 100*ms
+	k.f.breaker, k.f.outageFrom = breaker.Open, 9*sec
+	for i := 0; i < 100; i++ { // 100 on credit while Redis is away
+		if d, _, _ := k.c.fallback(k.p, 1, now, k.f); !d.Allowed {
+			t.Fatalf("fallback %d denied", i)
+		}
+	}
+	k.f.breaker, k.f.outageTo = breaker.Closed, now+100*ms // back
+	now += 200 * ms
+	call := k.ask(1, now)
+	e := k.reply(call, now, k.win(now, 400, 500))
+	if k.avail() != 150 || e.visit != visitNow {
+		t.Fatalf("kept %d of a grant of 400, visit %v; want 150 (250 less the 100 on credit), the rest owed", k.avail(), e.visit)
+	}
+	var refund int64
+	for _, d := range k.debts() {
+		if d.idx == 10 {
+			refund += d.refund
+		}
+	}
+	if refund != 250 {
+		t.Errorf("owed back %d of window 10, want 250", refund)
+	}
+	// The credit budget left is the budget less what was granted since.
+	lc := k.c.lock()
+	if left := lc.budgetLeft(10, 250); left != 100 {
+		t.Errorf("budget left %d, want 100", left)
+	}
+	lc.unlock()
+	// A window that begins well after the recovery leases freely.
+	later := 12*sec + 100*ms
+	call = k.ask(1, later)
+	k.reply(call, later, k.win(later, 400, 400))
+	if l := k.c.cur.Load(); l.idx != 12 || l.avail.Load() != 400 {
+		t.Errorf("window 12: holds %d, want the 400 granted", l.avail.Load())
+	}
+}
+
+// A window's remainder is the least heard of it: a reply applied late
+// (two pipelines on their way) does not make it larger.
+func TestLeastRemainder(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10*sec + 100*ms
+	k.lease(now, 10, 600)
+	call := k.ask(11, now)
+	k.reply(call, now, k.win(now, 5, 300)) // an older reply: a larger remainder
+	lc := k.c.lock()
+	if f, ok := lc.knownFree(10); !ok || f != 400 {
+		t.Errorf("remainder %d %v, want 400: the least heard", f, ok)
+	}
+	lc.unlock()
+}
