@@ -1,0 +1,102 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/hybridlimit/ratelimit/cmd/ratelimitd/internal/server"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+)
+
+// outageCounts hammers req through every daemon while Redis freezes from
+// freezeAt for freezeFor, and counts the calls answered OK per window of
+// period p. A call is counted in the window its start and its answer both
+// fall in (the decision was taken between them); a call spanning a
+// window's end is left out, and counted apart.
+func outageCounts(t *testing.T, ds []*daemon, redis *redistest.Server, req *pb.RateLimitRequest, p, freezeAt, freezeFor, runFor time.Duration) (perWin map[int64]int, spanning int) {
+	t.Helper()
+	go func() {
+		time.Sleep(freezeAt)
+		must(t, redis.Freeze())
+		time.Sleep(freezeFor)
+		must(t, redis.Thaw())
+	}()
+	var mu sync.Mutex
+	perWin = map[int64]int{}
+	stop := time.Now().Add(runFor)
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		for range 8 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					start := time.Now()
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					resp, err := d.rls.ShouldRateLimit(ctx, req)
+					cancel()
+					end := time.Now()
+					if err != nil {
+						t.Errorf("ShouldRateLimit: %v", err)
+						return
+					}
+					if resp.OverallCode != pb.RateLimitResponse_OK {
+						continue
+					}
+					w0, w1 := start.UnixNano()/int64(p), end.UnixNano()/int64(p)
+					mu.Lock()
+					if w0 == w1 {
+						perWin[w0]++
+					} else {
+						spanning++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return perWin, spanning
+}
+
+// Through ratelimitd's gRPC API, as through the library: a hot key far
+// over 1,000 per second, two replicas on one Redis frozen (SIGSTOP) for
+// 2.6s across windows: no window admits over the limit, the window where
+// Redis comes back included (strict, failure_mode local: the defaults).
+func TestOutageRecoveryGRPC(t *testing.T) {
+	redis := redistest.Standalone(t)
+	cfg := configDir(t, map[string]string{"o.yaml": "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"})
+	prefix := uniq("outage")
+	var ds []*daemon
+	for range 2 {
+		ds = append(ds, start(t, redis.Addr(), cfg, func(o *server.Options) {
+			o.Prefix, o.Timeout = prefix, 100*time.Millisecond
+		}))
+	}
+	req := rq("o", desc("k", "hot"))
+	for _, d := range ds {
+		d.call(t, req) // a first lease
+	}
+	// Start at a second's start.
+	time.Sleep(time.Second - time.Duration(time.Now().UnixNano()%int64(time.Second)) + 2*time.Millisecond)
+	perWin, spanning := outageCounts(t, ds, redis, req, time.Second, 1400*time.Millisecond, 2600*time.Millisecond, 5*time.Second)
+	var idx []int64
+	for i := range perWin {
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
+	var line string
+	for _, i := range idx {
+		line += fmt.Sprintf(" %d", perWin[i])
+	}
+	t.Logf("answered OK per second:%s (%d more spanning a second's end)", line, spanning)
+	for _, i := range idx {
+		if perWin[i] > 1000 {
+			t.Errorf("window %d: %d answered OK, over the limit of 1,000", i, perWin[i])
+		}
+	}
+}
