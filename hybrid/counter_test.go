@@ -825,7 +825,7 @@ func TestExactCall(t *testing.T) {
 	lc.unlock()
 	k.c.charge(k.p, 3, now, k.f) // 3 of credit on an estimated lease of window 10
 	lc = k.c.lock()
-	e := lc.newExact(k.p, k.id(), 2, now, k.f)
+	e := lc.newExact(k.p, k.id(), 2, now, now, k.f)
 	lc.unlock()
 	if a := e.take; !e.fw || a.N != 2 || a.AdjustIdx != 10 || a.Refund != 4 || a.Use != 3 {
 		t.Fatalf("take %+v; want 2 units with window 10's refund of 4 and credit of 3", a)
@@ -845,7 +845,7 @@ func TestExactCall(t *testing.T) {
 	// A denial: refused for the units until the window ends, smaller ones
 	// may ask.
 	lc = k.c.lock()
-	e = lc.newExact(k.p, k.id(), 5, now, k.f)
+	e = lc.newExact(k.p, k.id(), 5, now, now, k.f)
 	lc.unlock()
 	e.answered(result{reply: reply{take: script.TakeReply{Idx: 10, Now: now / 1000, Count: 997}}}, exchange{before: now, after: now, ok: true})
 	d, l, _ = k.c.decideExact(k.p, e, now, k.f)
@@ -870,7 +870,7 @@ func TestExactCallSettles(t *testing.T) {
 		k := newKeyTest(t, perSecond1000)
 		lc := k.c.lock()
 		lc.owe(10, 4, 3)
-		e := lc.newExact(k.p, k.id(), 2, now, k.f)
+		e := lc.newExact(k.p, k.id(), 2, now, now, k.f)
 		lc.unlock()
 		return k, e
 	}
@@ -911,7 +911,7 @@ func TestExactCallLeaseScripts(t *testing.T) {
 	k.f.instances = 8
 	lc := k.c.lock()
 	lc.owe(9, 5, 1)
-	e := lc.newExact(k.p, k.id(), 3, now, k.f)
+	e := lc.newExact(k.p, k.id(), 3, now, now, k.f)
 	lc.unlock()
 	if a := e.call.win; e.fw || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Nonce != "" || len(a.Adjust) != 1 || a.Adjust[0] != (script.Adjust{Idx: 9, Refund: 5, Use: 1}) {
 		t.Errorf("sliding: %+v", a)
@@ -919,7 +919,7 @@ func TestExactCallLeaseScripts(t *testing.T) {
 	b := newKeyTest(t, tokens100, algorithm(ratelimit.GCRA))
 	lc = b.c.lock()
 	lc.owe(0, 5, 1)
-	e = lc.newExact(b.p, b.id(), 3, now, b.f)
+	e = lc.newExact(b.p, b.id(), 3, now, now, b.f)
 	lc.unlock()
 	if a := e.call.bkt; !e.call.bucket || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Refund != 4 || a.Use != 0 {
 		t.Errorf("bucket: %+v", a)

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -41,14 +42,18 @@ const (
 type exactCall struct {
 	c     *counter
 	n     int64
-	fw    bool            // take.lua; else the lease or bucket script for exactly n
+	fw    bool            // take.lua or a plain increment; else the lease or bucket script for exactly n
 	take  script.TakeArgs // fw
-	call  *leaseCall      // !fw: the arguments, not an outstanding call
-	owed  []debt          // what the call carries of the key's debts
-	done  chan struct{}   // closed when res is set
-	state atomic.Int32    // exactWaited, exactAnswered or exactAbandoned
-	res   result          // the reply, or the error
-	x     exchange        // the round trip that answered
+	plain bool            // fw: a plain increment of window take.AdjustIdx (see plainWindow)
+	// plain: the server time the call is made at (the estimate, or
+	// WithClock's), microseconds
+	serverUS int64
+	call     *leaseCall    // !fw: the arguments, not an outstanding call
+	owed     []debt        // what the call carries of the key's debts
+	done     chan struct{} // closed when res is set
+	state    atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
+	res      result        // the reply, or the error
+	x        exchange      // the round trip that answered
 }
 
 const (
@@ -70,12 +75,19 @@ func (e *exactCall) answered(r result, x exchange) bool {
 	return ok
 }
 
-// counted returns what Redis counted of e: its n units when admitted,
-// in window idx.
+// admitted reports whether Redis admitted e's n units.
+func (e *exactCall) admitted() bool {
+	_, units := e.counted()
+	return units > 0 && (!e.fw || e.res.take.Admitted)
+}
+
+// counted returns what Redis counted of e, in window idx: its n units when
+// admitted, and for a plain increment, whatever the answer (what lands
+// over the limit is given back: see settleExact).
 func (e *exactCall) counted() (idx, units int64) {
 	switch {
 	case e.fw:
-		if e.res.take.Admitted {
+		if e.res.take.Admitted || e.res.plain {
 			units = e.n
 		}
 		return e.res.take.Idx, units
@@ -101,9 +113,93 @@ func (e *exactCall) base() string {
 
 func (e *exactCall) request() request {
 	if e.fw {
-		return request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
+		take := request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
+		if !e.plain {
+			return take
+		}
+		return e.plainRequest(&take)
 	}
 	return e.call.request()
+}
+
+// plainRequest is a FixedWindow exact call as plain commands: the
+// window's counter (the field c of the hash the lease script writes)
+// incremented by n and what the call carries of the key's debts, and its
+// expiry set to the window's end and a second of grace, as take.lua sets
+// it. About a tenth of take.lua's Redis CPU (no script to run). The
+// decision is admitted when the count after it is within the limit; when
+// it is not, its n units stay counted until given back (settleExact), on
+// the safe side. A counter a global limiter wrote (a string: WRONGTYPE)
+// is counted by take.lua instead, in the same exchange.
+func (e *exactCall) plainRequest(take *request) request {
+	a := e.take
+	k := script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
+	periodUS := int64(a.Limit.Period / time.Microsecond)
+	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
+	r, idx, now, n := a.Limit.Rate, a.AdjustIdx, e.serverUS, e.n
+	return request{
+		cmds: [][]any{
+			{"hincrby", k, "c", n + a.Use - a.Refund},
+			{"pexpireat", k, expireAt},
+		},
+		parse: func(v any) (reply, error) {
+			c, ok := v.(int64)
+			if !ok {
+				return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+			}
+			return reply{plain: true, take: script.TakeReply{Idx: idx, Now: now, Count: c, Admitted: c <= int64(r), Adjusted: true}}, nil
+		},
+		fallback: take,
+	}
+}
+
+// plainWindow reports whether a FixedWindow exact call made at at (mono)
+// can be a plain increment, and of which window: the one Redis would
+// count it in. With WithClock (serverUS > 0) every call counts at the
+// time it is given, so the window is that time's. Otherwise Redis counts
+// at its own clock (TIME), which this instance knows within clk's error
+// bound: the call is made within the window by that bound, so Redis runs
+// it no earlier than the window's start; a reply read too near the
+// window's end to be sure Redis ran it before the end decides nothing
+// (see late).
+func plainWindow(p *params, serverUS, at int64, clk clockView) (bool, int64) {
+	if serverUS > 0 {
+		return true, floorDiv(serverUS, p.periodUS)
+	}
+	if clk.errorBound() <= 0 {
+		return false, 0 // no sample of Redis time yet
+	}
+	margin := clk.errorBound() + plainMargin
+	idx, end := clk.window(at - margin)
+	if end-p.periodNS > at-margin || at+margin >= end {
+		return false, 0
+	}
+	return true, idx
+}
+
+// late reports whether e, a plain increment with its reply, may have run
+// after its window ended by Redis' clock (its reply was read within the
+// clock's error bound of the end): then it counted in a window that was
+// over, and decides nothing; its units are owed back and the decision is
+// taken again.
+func (e *exactCall) late(clk clockView) bool {
+	if !e.plain || e.take.Now > 0 || e.res.err != nil || !e.res.plain {
+		return false
+	}
+	end := clk.monoAt((e.res.take.Idx + 1) * int64(e.take.Limit.Period/time.Microsecond))
+	return e.x.after+max(clk.errorBound(), 0)+plainMargin >= end
+}
+
+// plainMargin is what plainWindow adds to the server clock's error bound:
+// for the local clock's drift since the bound was taken, and rounding.
+const plainMargin = int64(time.Millisecond)
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
 }
 
 func parseTake(v any) (reply, error) {
@@ -139,7 +235,7 @@ func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
 	}
 	// Warm: asked leaseAt units in this window or the last, or in both
 	// (about once a window or more).
-	warm := this >= leaseAt || last >= leaseAt || this > n && last > 0
+	warm := this >= leaseAt || last >= leaseAt
 	return !lc.leasable(p, idx, f) || !warm
 }
 
@@ -168,19 +264,26 @@ func (lc *lockedCounter) warm(p *params, t tickFacts, f fleet) bool {
 	if l := lc.cur.Load(); l != nil && l.known {
 		return true
 	}
-	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt || lc.asked > 0 && lc.prevAsked > 0
+	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt
 }
 
 // newExact makes the exact call of a decision of n units at now. It
 // carries what the key owes, credit first (see lease.lua and take.lua):
 // for FixedWindow, what it owes the window the call counts in (if another
 // by the time the call runs, nothing is applied and the debt stays).
-func (lc *lockedCounter) newExact(p *params, id callID, n, now int64, f fleet) *exactCall {
+//
+// A FixedWindow call is a plain increment when plainWindow, at at (mono)
+// when it is made, finds the window it counts in.
+func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f fleet) *exactCall {
 	e := &exactCall{c: lc.counter(), n: n, fw: p.alg == ratelimit.FixedWindow, done: make(chan struct{})}
 	lc.oweLate()
 	lc.oweCredit()
 	if e.fw {
 		idx, _ := p.policy.window(lc, now, f)
+		plain, pidx := plainWindow(p, id.now, at, f.clock)
+		if plain {
+			idx = pidx
+		}
 		e.take = script.TakeArgs{Base: p.prefix + ":{" + tagOf(lc.key) + "}:", Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: idx}
 		for i, d := range lc.debts {
 			if d.idx == idx {
@@ -188,6 +291,13 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now int64, f fleet) *
 				e.owed = append(e.owed, d)
 				lc.debts = append(lc.debts[:i], lc.debts[i+1:]...)
 				break
+			}
+		}
+		if plain {
+			e.plain = true
+			e.serverUS = id.now
+			if e.serverUS <= 0 {
+				e.serverUS = f.clock.serverAt(at)
 			}
 		}
 		return e
@@ -231,7 +341,8 @@ func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 			v = visitNow
 		}
 	}
-	if idx, units := e.counted(); abandoned && units > 0 {
+	if idx, units := e.counted(); units > 0 && (abandoned || !e.admitted()) {
+		// (a plain increment that landed over the limit gives its units back)
 		lc.owe(idx, units, 0)
 		v = visitNow
 	}
@@ -250,6 +361,13 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 	v := lc.settleExact(e, false)
 	var end, remaining, retry int64
 	switch {
+	case e.fw && e.res.plain && e.take.Now <= 0:
+		// the window's end by the estimate of Redis time (with WithClock's
+		// time, as for take.lua: the reply's Now is that time)
+		r := e.res.take
+		end = f.clock.monoAt((r.Idx + 1) * p.periodUS)
+		remaining, retry = p.rate-r.Count, end-now
+		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case e.fw:
 		r := e.res.take
 		end = f.clock.end(r.Idx, (r.Idx+1)*p.periodUS-r.Now, x.before, x.after)
@@ -267,7 +385,7 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	}
 	remaining = min(max(0, remaining), p.capacity)
-	if idx, units := e.counted(); units > 0 {
+	if idx, _ := e.counted(); e.admitted() {
 		c.exact.Add(1<<32 | uint64(n))
 		c.noteUse(p, now)
 		d := ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(remaining), ResetAfter: time.Duration(max(0, end-now))}

@@ -314,6 +314,15 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 			fire = timer.C
 		}
 		e, err := h.ask(ctx, c, n, now, fire, expired)
+		if err == nil && e != nil && e.late(h.clk.view()) {
+			// counted, perhaps in the window after its own: given back,
+			// and the decision taken again
+			lc := c.lock()
+			v := lc.settleExact(e, true)
+			lc.unlock()
+			h.tell(c, v)
+			continue
+		}
 		if err == nil && e != nil {
 			// a cold key's exact call: its reply is the decision
 			h.st.exact.Add(1)
@@ -371,7 +380,7 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 	case fl != nil: // joined
 		lc.unlock()
 	case lc.out == nil && lc.cold(h.p, n, now, f):
-		e = lc.newExact(h.p, h.newID(), n, now, f)
+		e = lc.newExact(h.p, h.newID(), n, now, h.mono(), f)
 		lc.unlock()
 		h.exacts.Add(1)
 		h.asks.add(e)

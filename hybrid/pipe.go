@@ -27,19 +27,27 @@ type rediser interface {
 	Set(ctx context.Context, key string, value any, expiration time.Duration) *redis.StatusCmd
 }
 
-// request is one script call the pipe sends.
+// request is one call the pipe sends: a script call, or (script nil) a
+// few plain commands, the first of which gives the request's reply.
 type request struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	cmds   [][]any // plain commands, when script is nil
 	parse  func(v any) (reply, error)
+	// fallback is sent instead, in the same exchange, when the plain
+	// command met a key of another type (WRONGTYPE: it did not run).
+	fallback *request
 }
 
 // reply is a request's reply, read.
 type reply struct {
 	win  script.Reply       // a lease.lua call's
 	bkt  script.BucketReply // a bucket.lua call's
-	take script.TakeReply   // a take.lua call's
+	take script.TakeReply   // a take.lua call's, or a plain increment's (see exactCall)
+	// plain: take is a plain increment's, its Idx and Now the caller's
+	// estimate (not a sample of Redis time), its units counted admitted or not
+	plain bool
 }
 
 func parseLease(v any) (reply, error) {
@@ -106,26 +114,40 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 	// Written by the call's goroutine: read only once it finished in time.
 	var x exchange
 	var cmds []*redis.Cmd
+	sent := reqs // what was sent last for each request (a fallback replaces it)
 	if !p.bounded(ctx, func(ctx context.Context) {
 		x.before = p.mono()
 		cmds, x.err = p.run(ctx, reqs)
-		if script.IsNoScript(x.err) || anyNoScript(cmds) {
-			if p.load(ctx, reqs) == nil {
-				var again []request
-				var at []int
-				for i, cmd := range cmds {
-					if script.IsNoScript(cmd.Err()) {
-						again, at = append(again, reqs[i]), append(at, i)
+		// Requests that did not run are sent again at once: those that met
+		// NOSCRIPT once the scripts are loaded, and plain commands that met
+		// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
+		for pass := 0; pass < 2; pass++ {
+			var again []request
+			var at []int
+			for i, cmd := range cmds {
+				switch err := cmd.Err(); {
+				case script.IsNoScript(err):
+				case sent[i].fallback != nil && redis.HasErrorPrefix(err, "WRONGTYPE"):
+					if len(sent) > 0 && &sent[0] == &reqs[0] {
+						sent = slices.Clone(reqs)
 					}
+					sent[i] = *sent[i].fallback
+				default:
+					continue
 				}
-				if len(again) > 0 {
-					x.before = p.mono()
-					var redo []*redis.Cmd
-					redo, x.err = p.run(ctx, again)
-					for j, i := range at {
-						cmds[i] = redo[j]
-					}
-				}
+				again, at = append(again, sent[i]), append(at, i)
+			}
+			if len(again) == 0 || ctx.Err() != nil {
+				break
+			}
+			if anyNoScript(cmds) && p.load(ctx, again) != nil {
+				break
+			}
+			x.before = p.mono()
+			var redo []*redis.Cmd
+			redo, x.err = p.run(ctx, again)
+			for j, i := range at {
+				cmds[i] = redo[j]
 			}
 		}
 		x.after = p.mono()
@@ -139,7 +161,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			err = x.err // the pipeline failed before this call got a reply
 		}
 		if err == nil {
-			res[i].reply, err = reqs[i].parse(v)
+			res[i].reply, err = sent[i].parse(v)
 		}
 		res[i].err, res[i].notRun = err, err != nil && notRun(err)
 	}
@@ -150,6 +172,13 @@ func (p *pipe) run(ctx context.Context, reqs []request) ([]*redis.Cmd, error) {
 	pl := p.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(reqs))
 	for i, r := range reqs {
+		if r.script == nil {
+			cmds[i] = pl.Do(ctx, r.cmds[0]...)
+			for _, c := range r.cmds[1:] {
+				pl.Do(ctx, c...)
+			}
+			continue
+		}
 		cmds[i] = r.script.EvalSha(ctx, pl, r.keys, r.args...)
 	}
 	_, err := pl.Exec(ctx)
@@ -161,7 +190,7 @@ func (p *pipe) run(ctx context.Context, reqs []request) ([]*redis.Cmd, error) {
 func (p *pipe) load(ctx context.Context, reqs []request) error {
 	var done []*redis.Script
 	for _, r := range reqs {
-		if slices.Contains(done, r.script) {
+		if r.script == nil || slices.Contains(done, r.script) {
 			continue
 		}
 		if err := r.script.Load(ctx, p.client).Err(); err != nil {
@@ -225,11 +254,12 @@ func anyNoScript(cmds []*redis.Cmd) bool {
 }
 
 // notRun reports whether a call that failed with err certainly did not
-// run on Redis: the script was missing, the connection was refused its
+// run on Redis: the script was missing, a command met a key of another
+// type, the connection was refused its
 // authentication, or no connection could be made. Any other failure leaves
 // the call in doubt.
 func notRun(err error) bool {
-	if script.IsNoScript(err) || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "WRONGPASS") {
+	if script.IsNoScript(err) || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "WRONGTYPE") {
 		return true
 	}
 	var op *net.OpError

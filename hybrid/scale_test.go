@@ -434,6 +434,80 @@ func TestSmallLimitsReachQuota(t *testing.T) {
 	}
 }
 
+// Cold keys counted by plain increments (HINCRBY of the window's counter)
+// share one quota with global limiters on the same keys: a counter a
+// global limiter created is a string, the increment meets WRONGTYPE and
+// take.lua counts instead, in the same exchange. 2,000 keys at 2 per
+// second, two hybrid instances and two global limiters driving them far
+// past it: no key-window over, at least 97% of them at the limit, and both
+// the plain increment and its fallback used.
+func TestColdKeysMixedFleet(t *testing.T) {
+	srv := redistest.Standalone(t)
+	limit := ratelimit.PerSecond(2)
+	prefix := uniq(t)
+	var ls []ratelimit.Limiter
+	var hs []*hybrid.Limiter
+	for i := 0; i < 2; i++ {
+		h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		hs, ls = append(hs, h), append(ls, h)
+		g, err := global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		require.NoError(t, err)
+		ls = append(ls, g)
+	}
+	keys := make([]string, 2000)
+	for i := range keys {
+		keys[i] = "mixed-" + strconv.Itoa(i)
+	}
+	rc := srv.Client()
+	defer rc.Close()
+	require.NoError(t, rc.ConfigResetStat(context.Background()).Err())
+	tl, tries := newTally(limit.Period), newTally(limit.Period)
+	from := time.Now()
+	allowed, denied := hammerRandom(t, ls, keys, 6, 3500*time.Millisecond, tl, tries)
+	to := time.Now()
+	over, full, past, reached := quota(tl, tries, keys, 2, from, to)
+	stats := commandStats(t, rc)
+	s := sumStats(hs)
+	t.Logf("allowed %d denied %d; of %d full key-windows, %d driven past the limit, %d of them at the limit (%.1f%%); hybrid exact decisions %d; HINCRBY %d (%d met a string), PEXPIREAT %d",
+		allowed, denied, full, past, reached, 100*float64(reached)/float64(max(1, past)), s.ExactDecisions, stats["hincrby"][0], stats["hincrby"][1], stats["pexpireat"][0])
+	require.Empty(t, over, "key-windows over the limit")
+	require.GreaterOrEqual(t, full, 2*len(keys), "the run must span 2 full windows")
+	require.Positive(t, past)
+	require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
+	require.Positive(t, stats["pexpireat"][0], "plain increments were sent")
+	require.Positive(t, stats["hincrby"][1], "plain increments met counters global limiters wrote (WRONGTYPE), counted by take.lua")
+}
+
+// commandStats returns INFO commandstats: calls and failed calls by
+// command.
+func commandStats(t *testing.T, c *redis.Client) map[string][2]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	out := map[string][2]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var v [2]int64
+		for _, f := range strings.Split(rest, ",") {
+			k, val, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			switch k {
+			case "calls":
+				v[0] = n
+			case "failed_calls":
+				v[1] = n
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
+}
+
 // hammerRandom is hammer with each worker choosing keys uniformly at
 // random, so that every key is offered about as often in every window.
 // tries, when not nil, tallies every decision, denied ones too (a denial's
