@@ -116,5 +116,5 @@ func (lc *lockedCounter) attachDebts(p *params, a *script.LeaseArgs, now int64, 
 // many instances) would give a lease ahead back unused: a lease call and a
 // refund call for nothing.
 func (lc *lockedCounter) worthAhead() bool {
-	return lc.asked >= 2 || (lc.asked > 0 && lc.prevAsked > 0)
+	return lc.asked >= leaseAt
 }
