@@ -76,6 +76,7 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("  waited on by a decision / 1000", per1000(h.stats.SyncRoundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
 	row("  commands they carried / 1000 (pipelined)", per1000(h.commands, h.decisions), per1000(g.commands, g.decisions))
 	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
+	row("Redis CPU per decision (INFO cpu)", cpuPer(h), cpuPer(g))
 	for _, q := range []struct {
 		label string
 		q     float64
@@ -181,4 +182,13 @@ note: this run used the embedded miniredis, an in-process Redis written in Go
     redis-server --port 6399 --save '' --appendonly no --daemonize yes
     go run ./cmd/ratelimit-sim --redis 127.0.0.1:6399
 `, fmtDur(g.lat.quantile(0.5)), commas(uint64(perSec(g.decisions, g))))
+}
+
+// cpuPer is the Redis server's CPU per decision of phase r, or "-" when
+// not known (the embedded Redis, a Cluster).
+func cpuPer(r phaseResult) string {
+	if r.redisCPU < 0 || r.decisions == 0 {
+		return "-"
+	}
+	return fmtDur(time.Duration(r.redisCPU * 1e9 / float64(r.decisions)))
 }

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -218,6 +219,7 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		hs, lims = append(hs, h), append(lims, h)
 	}
 	instLo, instHi := math.MaxInt, 0
+	cpu0 := serverCPU(ctx, be, cls[0])
 	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, func() hybrid.Stats {
 		var s hybrid.Stats
 		for _, h := range hs {
@@ -227,6 +229,7 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		}
 		return s
 	})
+	r.redisCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0]))
 	if err := closeAll(); err != nil && r.firstErr == nil {
 		r.firstErr = fmt.Errorf("close: %w", err)
 	}
@@ -259,7 +262,10 @@ func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		}
 		lims = append(lims, g)
 	}
-	return runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, nil), nil
+	cpu0 := serverCPU(ctx, be, cls[0])
+	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, nil)
+	r.redisCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0]))
+	return r, nil
 }
 
 func addStats(s *hybrid.Stats, x hybrid.Stats) {
@@ -363,6 +369,42 @@ type phaseResult struct {
 	winMax      []int // the most allowed for one key, per full window
 
 	samples []sample // progress through the phase, about every sampleEvery
+
+	redisCPU float64 // seconds of CPU the Redis server spent during the phase (INFO cpu); < 0: not known
+}
+
+// cpuDelta is the CPU spent between two readings of serverCPU, or -1 when
+// either is not known.
+func cpuDelta(from, to float64) float64 {
+	if from < 0 || to < 0 {
+		return -1
+	}
+	return to - from
+}
+
+// serverCPU returns the CPU seconds (system and user) the Redis server of
+// be has spent since it started, from INFO cpu, or -1 when it cannot
+// tell: the embedded Redis, a Cluster (several servers), an error.
+func serverCPU(ctx context.Context, be *backend, c redis.UniversalClient) float64 {
+	if be.embedded || len(be.addrs) != 1 {
+		return -1
+	}
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return -1
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return -1
+			}
+			total += f
+		}
+	}
+	return total
 }
 
 // slowDecision is a decision long enough that publishing the worker's
