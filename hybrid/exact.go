@@ -112,14 +112,17 @@ func (e *exactCall) base() string {
 }
 
 func (e *exactCall) request() request {
-	if e.fw {
-		take := request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
-		if !e.plain {
-			return take
-		}
-		return e.plainRequest(&take)
+	switch {
+	case e.plain:
+		return e.plainRequest()
+	case e.fw:
+		return e.takeRequest()
 	}
 	return e.call.request()
+}
+
+func (e *exactCall) takeRequest() request {
+	return request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
 }
 
 // plainRequest is a FixedWindow exact call as plain commands: the
@@ -131,7 +134,7 @@ func (e *exactCall) request() request {
 // it is not, its n units stay counted until given back (settleExact), on
 // the safe side. A counter a global limiter wrote (a string: WRONGTYPE)
 // is counted by take.lua instead, in the same exchange.
-func (e *exactCall) plainRequest(take *request) request {
+func (e *exactCall) plainRequest() request {
 	a := e.take
 	k := script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
 	periodUS := int64(a.Limit.Period / time.Microsecond)
@@ -149,7 +152,7 @@ func (e *exactCall) plainRequest(take *request) request {
 			}
 			return reply{plain: true, take: script.TakeReply{Idx: idx, Now: now, Count: c, Admitted: c <= int64(r), Adjusted: true}}, nil
 		},
-		fallback: take,
+		fallback: e.takeRequest,
 	}
 }
 

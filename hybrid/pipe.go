@@ -35,9 +35,9 @@ type request struct {
 	args   []any
 	cmds   [][]any // plain commands, when script is nil
 	parse  func(v any) (reply, error)
-	// fallback is sent instead, in the same exchange, when the plain
-	// command met a key of another type (WRONGTYPE: it did not run).
-	fallback *request
+	// fallback makes what is sent instead, in the same exchange, when the
+	// plain command met a key of another type (WRONGTYPE: it did not run).
+	fallback func() request
 }
 
 // reply is a request's reply, read.
@@ -131,7 +131,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 					if len(sent) > 0 && &sent[0] == &reqs[0] {
 						sent = slices.Clone(reqs)
 					}
-					sent[i] = *sent[i].fallback
+					sent[i] = sent[i].fallback()
 				default:
 					continue
 				}

@@ -54,7 +54,7 @@ func TestPlainIncrement(t *testing.T) {
 	}
 	r := e.request()
 	key := script.WindowKey(e.take.Base, e.take.Kind, 10)
-	if r.script != nil || len(r.cmds) != 2 || r.fallback == nil || r.fallback.script != script.Take {
+	if r.script != nil || len(r.cmds) != 2 || r.fallback == nil || r.fallback().script != script.Take {
 		t.Fatalf("request %+v; want two plain commands and take.lua as the fallback", r)
 	}
 	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != key || c[2] != "c" || c[3] != int64(2-4) {
