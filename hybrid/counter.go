@@ -313,7 +313,7 @@ func (lc *lockedCounter) newLease(idx, start, end int64, known bool) *lease {
 
 // setFree records window idx's remainder in Redis on l (which may be nil).
 // A window's count grows but for refunds, and replies may be applied out
-// of order (two pipelines on their way): the least remainder heard of a
+// of order (the syncer's and the decisions' pipelines): the least remainder heard of a
 // window stands, never a stale larger one.
 func (lc *lockedCounter) setFree(l *lease, idx, free int64) {
 	if l != nil && l.idx == idx {
