@@ -181,6 +181,33 @@ func WithBreaker(failures int, openFor time.Duration) Option {
 	})
 }
 
+// WithInstances tells a FailLocal Limiter how many instances share the
+// limit (default 1): while Redis cannot answer, a window's last-known
+// remainder is shared among them, and a window that begins during the
+// outage gets Rate / n here (see docs/failure-modes.md). n must be >= 1.
+func WithInstances(n int) Option {
+	return optionFunc(func(c *config) error {
+		if n < 1 {
+			return option.Invalid("instances must be >= 1, got %d", n)
+		}
+		c.instances, c.instancesFn = n, nil
+		return nil
+	})
+}
+
+// WithInstancesFunc is WithInstances for a fleet whose size is learned as
+// it runs: fn is asked at the start of each outage's window (values below
+// 1 count as 1). fn must not be nil.
+func WithInstancesFunc(fn func() int) Option {
+	return optionFunc(func(c *config) error {
+		if fn == nil {
+			return option.Invalid("nil instances function")
+		}
+		c.instancesFn = fn
+		return nil
+	})
+}
+
 // Degraded reports whether the circuit breaker of WithFailureMode is open:
 // decisions are being taken without Redis. It is false without
 // WithFailureMode.

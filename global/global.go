@@ -67,8 +67,9 @@ type Limiter struct {
 	rest  [4]any
 	nrest int
 
-	fail *failure // nil unless WithFailureMode was given
-	set  limitSet // the one limit, for Reserve
+	fail   *failure // nil unless WithFailureMode was given
+	ledger *ledger  // FailLocal with a window algorithm: the outage bound (ledger.go)
+	set    limitSet // the one limit, for Reserve
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -100,6 +101,9 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	l := &Limiter{client: client, limit: limit, alg: c.alg, prefix: c.prefix, clock: c.clock, script: scripts[c.alg]}
 	if l.fail, err = newFailure(&c); err != nil {
 		return nil, err
+	}
+	if l.fail != nil && l.fail.mode == ratelimit.FailLocal && (c.alg == ratelimit.FixedWindow || c.alg == ratelimit.SlidingWindow) {
+		l.ledger = newLedger(limit, c.alg, 2*(l.fail.openFor+l.fail.timeout), c.instancesFunc())
 	}
 	l.set = newLimitSet([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, false)
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
@@ -155,6 +159,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	args := make([]any, 0, 6)
 	args = append(args, now, n)
 	args = append(args, l.rest[:l.nrest]...)
+	if l.ledger != nil {
+		return l.decideLedger(ctx, key, base, n, args)
+	}
 	var res []int64
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
 		var err error
@@ -167,8 +174,17 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	case err != nil && callerEnded(ctx) != nil:
 		return ratelimit.Decision{}, err // the caller gave up, not Redis
 	case err != nil:
-		return ratelimit.Decision{}, fmt.Errorf("global: %v script: %w", l.alg, err)
+		return ratelimit.Decision{}, wrapScriptErr(l.alg, err)
 	}
+	return l.decision(res)
+}
+
+func wrapScriptErr(alg ratelimit.Algorithm, err error) error {
+	return fmt.Errorf("global: %v script: %w", alg, err)
+}
+
+// decision reads a script's reply.
+func (l *Limiter) decision(res []int64) (ratelimit.Decision, error) {
 	if len(res) != 4 {
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script returned %d values, want 4", l.alg, len(res))
 	}
@@ -233,6 +249,19 @@ type config struct {
 	timeout  time.Duration
 	failures int
 	openFor  time.Duration
+	// the fleet size FailLocal shares a window's remainder among
+	instances   int
+	instancesFn func() int
+}
+
+// instancesFunc returns the fleet size the options give: WithInstancesFunc,
+// else WithInstances, else 1.
+func (c *config) instancesFunc() func() int {
+	if c.instancesFn != nil {
+		return c.instancesFn
+	}
+	n := max(1, c.instances)
+	return func() int { return n }
 }
 
 // Option configures a Limiter made by New. The zero set of options gives

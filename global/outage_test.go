@@ -1,0 +1,153 @@
+package global_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	gosync "sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/local"
+)
+
+// An outage never lets a window of a FailLocal limiter pass the limit: a
+// hot key far over 1,000 per second from 1, 2 and 8 instances, each with
+// a local fallback of its share (Rate / instances) and told the fleet size
+// (WithInstances), Redis frozen (SIGSTOP) across window boundaries, and
+// within one window. Counted per window from each admission's ResetAfter,
+// no window admits more than Rate: the window the outage begins in gets
+// its last-known remainder shared by the instances, one that begins during
+// it the instances' shares, and the window Redis comes back in stays
+// within what the instances had left (their local admissions charged to
+// Redis before their next decision there).
+func TestOutageRecoveryFailLocal(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		instances int
+		alg       ratelimit.Algorithm
+		period    time.Duration
+		freezeAt  time.Duration
+		freezeFor time.Duration
+	}{
+		{"1 instance, across windows", 1, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+		{"2 instances, across windows", 2, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+		{"8 instances, across windows", 8, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+		{"2 instances, within a window", 2, ratelimit.FixedWindow, 3 * time.Second, 3400 * time.Millisecond, 1800 * time.Millisecond},
+		{"2 instances, SlidingWindow", 2, ratelimit.SlidingWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			limit := ratelimit.Limit{Rate: 1000, Period: c.period}
+			perWin, froze, thawed := outageRun(t, c.instances, c.alg, limit, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
+			for idx, n := range perWin {
+				require.LessOrEqual(t, n, limit.Rate, "window %d (froze in %d, thawed in %d)", idx, froze, thawed)
+			}
+			require.Greater(t, perWin[thawed], 0, "the window Redis came back in admitted")
+		})
+	}
+}
+
+// outageRun hammers one key from instances FailLocal limiters while Redis
+// freezes from freezeAt after a window's start for freezeFor, and returns
+// what they admitted per window with the windows the freeze began and
+// ended in.
+func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratelimit.Limit, freezeAt, freezeFor, runFor time.Duration) (map[int64]int, int64, int64) {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	prefix := uniquePrefix(t)
+	var ls []*global.Limiter
+	for i := 0; i < instances; i++ {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		share := limit
+		share.Rate = limit.Rate / instances
+		fb, err := local.New(share, local.WithAlgorithm(alg))
+		require.NoError(t, err)
+		l, err := global.New(c, limit, global.WithPrefix(prefix), global.WithAlgorithm(alg),
+			global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
+		require.NoError(t, err)
+		ls = append(ls, l)
+	}
+	p := limit.Period.Microseconds()
+	now := time.Now().UnixMicro()
+	time.Sleep(time.Duration((now/p+1)*p-now)*time.Microsecond + 2*time.Millisecond) // a window's start
+	start := time.Now()
+	froze := start.Add(freezeAt).UnixMicro() / p
+	thawed := start.Add(freezeAt+freezeFor).UnixMicro() / p
+	go func() {
+		time.Sleep(freezeAt)
+		if err := srv.Freeze(); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(freezeFor)
+		if err := srv.Thaw(); err != nil {
+			t.Error(err)
+		}
+	}()
+	var mu gosync.Mutex
+	perWin := map[int64]int{}
+	var errs atomic.Int64
+	var wg gosync.WaitGroup
+	stop := start.Add(runFor)
+	for _, l := range ls {
+		for w := 0; w < 4; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					t0 := time.Now().UnixMicro()
+					d, err := l.Allow(context.Background(), "k")
+					if err != nil {
+						errs.Add(1)
+						continue
+					}
+					if d.Allowed {
+						// Redis (or the fallback) decided after t0: t0 +
+						// ResetAfter is at most the window's end.
+						idx := (t0 + d.ResetAfter.Microseconds() - 1) / p
+						mu.Lock()
+						perWin[idx]++
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	idx := make([]int64, 0, len(perWin))
+	for i := range perWin {
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
+	var b strings.Builder
+	for _, i := range idx {
+		mark := ""
+		switch {
+		case i == froze && i == thawed:
+			mark = " (froze and thawed)"
+		case i == froze:
+			mark = " (froze)"
+		case i == thawed:
+			mark = " (thawed)"
+		case i > froze && i < thawed:
+			mark = " (frozen)"
+		}
+		fmt.Fprintf(&b, " %d%s", perWin[i], mark)
+	}
+	var fallback uint64
+	for _, l := range ls {
+		fallback += l.FallbackDecisions()
+	}
+	t.Logf("admitted per window:%s; fallback decisions %d, errors %d", b.String(), fallback, errs.Load())
+	require.Zero(t, errs.Load())
+	require.Positive(t, fallback)
+	return perWin, froze, thawed
+}
