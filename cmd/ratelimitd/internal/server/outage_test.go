@@ -68,8 +68,21 @@ func outageCounts(t *testing.T, ds []*daemon, redis *redistest.Server, req *pb.R
 // 2.6s across windows: no window admits over the limit, the window where
 // Redis comes back included (strict, failure_mode local: the defaults).
 func TestOutageRecoveryGRPC(t *testing.T) {
+	outageGRPC(t, "")
+}
+
+// The same in mode exact (one script call per descriptor, global's
+// FailLocal): while Redis is away each replica admits the window's
+// last-known remainder shared by the fleet it learned (2 replicas), or
+// its share of a window begun during the outage, and what it admitted is
+// charged when Redis is back; no window over the limit.
+func TestOutageRecoveryGRPCExact(t *testing.T) {
+	outageGRPC(t, ", mode: exact")
+}
+
+func outageGRPC(t *testing.T, mode string) {
 	redis := redistest.Standalone(t)
-	cfg := configDir(t, map[string]string{"o.yaml": "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000}\n"})
+	cfg := configDir(t, map[string]string{"o.yaml": "domain: o\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000" + mode + "}\n"})
 	prefix := uniq("outage")
 	var ds []*daemon
 	for range 2 {

@@ -352,7 +352,8 @@ func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
 }
 
 // newExact makes the global limiter of an exact rule. Its local failure
-// mode admits the rule's limit shared by the fleet (see fleetSize).
+// mode admits the rule's limit shared by the fleet (see fleetSize), and
+// for one limit the window's last-known remainder shared by it.
 func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 	opts := []global.Option{
 		global.WithAlgorithms(spec.Algorithms...), global.WithPrefix(spec.Prefix),
@@ -367,7 +368,10 @@ func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 		if len(spec.Limits) > 1 {
 			opts = append(opts, global.WithFallback(&fleetFallbackMulti{fb}))
 		} else {
-			opts = append(opts, global.WithFallback(fb))
+			// The window's last-known remainder shared by the fleet, and
+			// what was admitted locally charged when Redis is back (see
+			// docs/failure-modes.md, The global limiter).
+			opts = append(opts, global.WithFallback(fb), global.WithInstancesFunc(func() int { return int(b.fleetSize()) }))
 		}
 	}
 	var (
