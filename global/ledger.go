@@ -5,10 +5,7 @@ import (
 	gosync "sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/hybridlimit/ratelimit/local"
 )
 
@@ -22,8 +19,8 @@ import (
 // (WithInstances), and in a window that begins during the outage its
 // share of the limit, Rate / instances; the fallback limiter (WithFallback)
 // must admit too. What it admits locally in a FixedWindow is charged to the
-// window in Redis before its next decision on the key there (in the same
-// pipeline, take.lua's credit). A window stays cautious once Redis answers
+// window in Redis with its next decision on the key there (one take.lua
+// call: the credit first, then the decision). A window stays cautious once Redis answers
 // again, if the outage touched it: the instance's admissions in it, Redis'
 // and its own, stay within its budget. So a window touched by an outage
 // admits at most what Redis had counted before it, plus every instance's
@@ -187,8 +184,9 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	var charged bool
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
 		var err error
-		if charge > 0 {
-			res, charged, err = l.chargeAndRun(ctx, base, win, charge, args)
+		if g.fw {
+			// (the charge and the decision in one take.lua call)
+			res, charged, err = l.take(ctx, base, n, win, charge)
 			return err
 		}
 		res, err = l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
@@ -256,58 +254,4 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	e.free = int64(d.Remaining)
 	e.mu.Unlock()
 	return d, nil
-}
-
-// chargeAndRun charges charge units admitted locally to window win of the
-// key (take.lua's credit, applied only while win is Redis' current window)
-// and runs the decision's script after it, in one pipeline. It reports
-// whether the charge applied.
-func (l *Limiter) chargeAndRun(ctx context.Context, base string, win, charge int64, args []any) ([]int64, bool, error) {
-	a := script.TakeArgs{Base: base, Kind: script.Kind(l.alg, l.limit), Limit: l.limit, N: 0, AdjustIdx: win, Use: charge}
-	if l.clock != nil {
-		a.Now = l.clock().UnixMicro()
-	}
-	var t, d *redis.Cmd
-	run := func(withTake bool) error {
-		pl := l.client.Pipeline()
-		if withTake {
-			t = script.Take.EvalSha(ctx, pl, a.Keys(), a.Args()...)
-		}
-		d = l.script.EvalSha(ctx, pl, []string{base}, args...)
-		_, err := pl.Exec(ctx)
-		return err
-	}
-	err := run(true)
-	if script.IsNoScript(d.Err()) {
-		// The decision did not run: load the scripts and send it again,
-		// and the charge with it only if that did not run either (a
-		// charge sent twice would count twice).
-		if err := script.Take.Load(ctx, l.client).Err(); err != nil {
-			return nil, false, err
-		}
-		if err := l.script.Load(ctx, l.client).Err(); err != nil {
-			return nil, false, err
-		}
-		tc := t
-		err = run(script.IsNoScript(tc.Err()))
-		if !script.IsNoScript(tc.Err()) {
-			t = tc
-		}
-	}
-	if d.Err() == nil {
-		err = nil // (a charge that failed stays owed; the decision stands)
-	}
-	if err != nil {
-		return nil, false, err
-	}
-	res, err := d.Int64Slice()
-	if err != nil {
-		return nil, false, err
-	}
-	v, err := t.Result()
-	if err != nil {
-		return res, false, nil // the charge did not run: owed still
-	}
-	r, err := script.ParseTake(v)
-	return res, err == nil && r.Adjusted, nil
 }
