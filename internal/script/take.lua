@@ -44,30 +44,53 @@ local idx = math.floor(now / P)
 if idx * P > now then idx = idx - 1 elseif (idx + 1) * P <= now then idx = idx + 1 end
 local k = base .. kind .. ':' .. string.format('%d', idx)
 -- the counter: a string global's scripts and this one write, or a hash
--- the lease script wrote (field c)
+-- the lease script wrote (field c). Written blind (INCRBY, which meets
+-- WRONGTYPE on a hash), so that an admission costs one command, not a
+-- read and a write; what lands over the limit is taken back at once.
 local hash = false
-local v = redis.pcall('GET', k)
-if type(v) == 'table' then
-  hash = true
-  v = redis.call('HGET', k, 'c')
-end
-local c = tonumber(v or '0')
-local fresh = c == 0 -- the counter may not exist: set its expiry if written
 local function incr(d)
-  if hash then return tonumber(redis.call('HINCRBY', k, 'c', d)) end
-  return tonumber(redis.call('INCRBY', k, d))
+  if not hash then
+    local v = redis.pcall('INCRBY', k, d)
+    if type(v) ~= 'table' then return tonumber(v) end
+    hash = true
+  end
+  return tonumber(redis.call('HINCRBY', k, 'c', d))
+end
+local fresh = false -- the counter was 0 (or absent): set its expiry
+local c = nil
+local function write(d)
+  local after = incr(d)
+  if c == nil and after == d then fresh = true end
+  c = after
+end
+local function read()
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' then
+    hash = true
+    v = redis.call('HGET', k, 'c')
+  end
+  return tonumber(v or '0')
 end
 local adjusted = 0
 if adj_idx == idx and (refund > 0 or use > 0) then
   local d = use - refund
-  if c + d < 0 then d = -c end
-  if d ~= 0 then c = incr(d) end
+  if d < 0 then
+    c = read()
+    if c + d < 0 then d = -c end -- never below zero
+  end
+  if d ~= 0 then write(d) end
   adjusted = 1
 end
 local admitted = 0
-if c + n <= R then
-  c = incr(n)
-  admitted = 1
+if n > 0 then
+  write(n)
+  if c > R then
+    c = incr(-n)
+  else
+    admitted = 1
+  end
+elseif c == nil then
+  c = read()
 end
 if fresh and c > 0 then
   -- the window's end, rounded up to the millisecond, and a second of grace
