@@ -15,6 +15,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/global"
+	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 	"github.com/hybridlimit/ratelimit/local"
 )
@@ -23,7 +24,8 @@ import (
 // hot key far over 1,000 per second from 1, 2 and 8 instances, each with
 // a local fallback of its share (Rate / instances) and told the fleet size
 // (WithInstances), Redis frozen (SIGSTOP) across window boundaries, and
-// within one window. Counted per window from each admission's ResetAfter,
+// within one window; and through the fault proxy, requests held and
+// delivered late, and replies lost. Counted per window from each admission's ResetAfter,
 // no window admits more than Rate: the window the outage begins in gets
 // its last-known remainder shared by the instances, one that begins during
 // it the instances' shares, and the window Redis comes back in stays
@@ -43,10 +45,22 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 		{"8 instances, across windows", 8, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
 		{"2 instances, within a window", 2, ratelimit.FixedWindow, 3 * time.Second, 3400 * time.Millisecond, 1800 * time.Millisecond},
 		{"2 instances, SlidingWindow", 2, ratelimit.SlidingWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+		// Through the fault proxy: requests held and delivered when it
+		// resumes, their replies arriving after recovery.
+		{"2 instances, held then delivered", 2, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
+		// Replies lost (the commands ran), connections closed with them.
+		{"2 instances, replies lost", 2, ratelimit.FixedWindow, time.Second, 1400 * time.Millisecond, 2600 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			limit := ratelimit.Limit{Rate: 1000, Period: c.period}
-			perWin, froze, thawed := outageRun(t, c.instances, c.alg, limit, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
+			f := freeze
+			switch {
+			case strings.Contains(c.name, "held"):
+				f = hold
+			case strings.Contains(c.name, "lost"):
+				f = loseReplies
+			}
+			perWin, froze, thawed := outageRun(t, c.instances, c.alg, limit, f, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
 			for idx, n := range perWin {
 				require.LessOrEqual(t, n, limit.Rate, "window %d (froze in %d, thawed in %d)", idx, froze, thawed)
 			}
@@ -55,17 +69,42 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 	}
 }
 
+// outage is how Redis goes away and comes back: start and stop, and
+// whether the limiters reach it through the fault proxy.
+type outage struct {
+	proxy       bool
+	start, stop func(*redistest.Server, *faultproxy.Proxy) error
+}
+
+var (
+	freeze = outage{start: func(s *redistest.Server, _ *faultproxy.Proxy) error { return s.Freeze() },
+		stop: func(s *redistest.Server, _ *faultproxy.Proxy) error { return s.Thaw() }}
+	hold = outage{proxy: true, start: func(_ *redistest.Server, p *faultproxy.Proxy) error { p.Block(true); return nil },
+		stop: func(_ *redistest.Server, p *faultproxy.Proxy) error { p.Block(false); return nil }}
+	loseReplies = outage{proxy: true, start: func(_ *redistest.Server, p *faultproxy.Proxy) error { p.DropReplies(1 << 30); return nil },
+		stop: func(_ *redistest.Server, p *faultproxy.Proxy) error { p.DropReplies(0); return nil }}
+)
+
 // outageRun hammers one key from instances FailLocal limiters while Redis
-// freezes from freezeAt after a window's start for freezeFor, and returns
-// what they admitted per window with the windows the freeze began and
-// ended in.
-func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratelimit.Limit, freezeAt, freezeFor, runFor time.Duration) (map[int64]int, int64, int64) {
+// goes away (f) from freezeAt after a window's start for freezeFor, and
+// returns what they admitted per window with the windows the outage began
+// and ended in.
+func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratelimit.Limit, f outage, freezeAt, freezeFor, runFor time.Duration) (map[int64]int, int64, int64) {
 	t.Helper()
 	srv := redistest.Standalone(t)
+	addr := srv.Addr()
+	var proxy *faultproxy.Proxy
+	if f.proxy {
+		var err error
+		proxy, err = faultproxy.New(srv.Addr())
+		require.NoError(t, err)
+		t.Cleanup(func() { proxy.Close() })
+		addr = proxy.Addr()
+	}
 	prefix := uniquePrefix(t)
 	var ls []*global.Limiter
 	for i := 0; i < instances; i++ {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
 		share := limit
 		share.Rate = limit.Rate / instances
@@ -84,11 +123,11 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 	thawed := start.Add(freezeAt+freezeFor).UnixMicro() / p
 	go func() {
 		time.Sleep(freezeAt)
-		if err := srv.Freeze(); err != nil {
+		if err := f.start(srv, proxy); err != nil {
 			t.Error(err)
 		}
 		time.Sleep(freezeFor)
-		if err := srv.Thaw(); err != nil {
+		if err := f.stop(srv, proxy); err != nil {
 			t.Error(err)
 		}
 	}()

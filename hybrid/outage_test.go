@@ -12,6 +12,7 @@ import (
 
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
 )
 
@@ -26,6 +27,10 @@ type outageRun struct {
 	freezeAt  time.Duration // after the start of a window
 	freezeFor time.Duration
 	runFor    time.Duration
+	// through the fault proxy instead of SIGSTOP: hold (requests held,
+	// delivered when it resumes, replies after recovery) or lose (replies
+	// lost, the commands applied)
+	proxy string
 }
 
 func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn int64) {
@@ -36,8 +41,17 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 	prefix := uniq(t)
 	var ls []ratelimit.Limiter
 	var hs []*hybrid.Limiter
+	addr := srv.Addr()
+	var proxy *faultproxy.Proxy
+	if o.proxy != "" {
+		var err error
+		proxy, err = faultproxy.New(srv.Addr())
+		require.NoError(t, err)
+		t.Cleanup(func() { proxy.Close() })
+		addr = proxy.Addr()
+	}
 	for i := 0; i < o.instances; i++ {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		h, err := hybrid.New(c, o.limit, append([]hybrid.Option{hybrid.WithPrefix(prefix)}, o.opts...)...)
 		require.NoError(t, err)
@@ -53,9 +67,23 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 	thawedIn = start.Add(o.freezeAt+o.freezeFor).UnixMicro() / p
 	go func() {
 		time.Sleep(o.freezeAt)
-		require.NoError(t, srv.Freeze())
+		switch o.proxy {
+		case "hold":
+			proxy.Block(true)
+		case "lose":
+			proxy.DropReplies(1 << 30)
+		default:
+			require.NoError(t, srv.Freeze())
+		}
 		time.Sleep(o.freezeFor)
-		require.NoError(t, srv.Thaw())
+		switch o.proxy {
+		case "hold":
+			proxy.Block(false)
+		case "lose":
+			proxy.DropReplies(0)
+		default:
+			require.NoError(t, srv.Thaw())
+		}
 	}()
 	tl := newTally(o.limit.Period)
 	hammerRandom(t, ls, []string{"k"}, 4, o.runFor, tl, nil)
@@ -92,7 +120,8 @@ func (o outageRun) run(t *testing.T) (perWin map[int64]int, frozeIn, thawedIn in
 // An outage never lets a window pass the limit, the window where Redis
 // comes back included: a hot key far over its limit, a fleet of 1, 2 and 8
 // instances, Redis frozen (SIGSTOP) across window boundaries and within
-// one window. While Redis is away each instance admits on credit within
+// one window, and through the fault proxy: requests held and delivered
+// late (their replies after recovery), replies lost. While Redis is away each instance admits on credit within
 // its budget (FailLocal, the default: the window's last-known remainder
 // shared by the instances); when it is back, what the instances admitted
 // locally is charged to the window before anything more is granted in it
@@ -121,6 +150,8 @@ func TestOutageRecoveryBound(t *testing.T) {
 		{"8 instances/inside", inside(outageRun{instances: 8, opts: []hybrid.Option{fast}}), 0},
 		{"2 instances, SlidingWindow/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast, hybrid.WithAlgorithm(ratelimit.SlidingWindow)}}), 0},
 		{"2 instances, optimistic/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast, hybrid.WithMode(hybrid.Optimistic)}}), 1000 / 8},
+		{"2 instances, held then delivered/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast}, proxy: "hold"}), 0},
+		{"2 instances, replies lost/spanning", spanning(outageRun{instances: 2, opts: []hybrid.Option{fast}, proxy: "lose"}), 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
