@@ -67,10 +67,11 @@ type Limiter struct {
 	rest  [4]any
 	nrest int
 
-	kind   string   // the counters' kind (script.Kind)
-	fail   *failure // nil unless WithFailureMode was given
-	ledger *ledger  // FailLocal with a window algorithm: the outage bound (ledger.go)
-	set    limitSet // the one limit, for Reserve
+	kind    string        // the counters' kind (script.Kind)
+	fail    *failure      // nil unless WithFailureMode was given
+	ledger  *ledger       // FailLocal with a window algorithm: the outage bound (ledger.go)
+	buckets *bucketLedger // FailLocal with a bucket: what local admissions owe (ledger.go)
+	set     limitSet      // the one limit, for Reserve
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -103,8 +104,13 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	if l.fail, err = newFailure(&c); err != nil {
 		return nil, err
 	}
-	if l.fail != nil && l.fail.mode == ratelimit.FailLocal && (c.alg == ratelimit.FixedWindow || c.alg == ratelimit.SlidingWindow) {
-		l.ledger = newLedger(limit, c.alg, 2*(l.fail.openFor+l.fail.timeout), c.instancesFunc())
+	if l.fail != nil && l.fail.mode == ratelimit.FailLocal {
+		switch c.alg {
+		case ratelimit.FixedWindow, ratelimit.SlidingWindow:
+			l.ledger = newLedger(limit, c.alg, 2*(l.fail.openFor+l.fail.timeout), c.instancesFunc())
+		case ratelimit.TokenBucket, ratelimit.GCRA:
+			l.buckets = newBucketLedger()
+		}
 	}
 	l.set = newLimitSet([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, false)
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
@@ -162,6 +168,9 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	args = append(args, l.rest[:l.nrest]...)
 	if l.ledger != nil {
 		return l.decideLedger(ctx, key, base, n, args)
+	}
+	if l.buckets != nil {
+		return l.decideBucket(ctx, key, base, n, args)
 	}
 	var res []int64
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {

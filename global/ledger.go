@@ -2,6 +2,8 @@ package global
 
 import (
 	"context"
+	"math/rand/v2"
+	"strconv"
 	gosync "sync"
 	"time"
 
@@ -254,4 +256,89 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	e.free = int64(d.Remaining)
 	e.mu.Unlock()
 	return d, nil
+}
+
+// The buckets (TokenBucket, GCRA) under FailLocal: a bucket has no
+// window to share out, so while Redis cannot answer the fallback limiter
+// decides alone (typically a local bucket of Rate / instances and Burst /
+// instances), and what it admitted is charged to the key's bucket in
+// Redis before this instance's next decision on it there: as the
+// settlement of a reservation of nothing, an overdraft that the bucket
+// refills (docs/algorithms.md, "Reserve and settle"), applied at most once
+// whatever replies are lost (its record). So the fleet admits at most what
+// the bucket allows plus what the local buckets held when the outage began
+// (at most Burst, for shares that add up to the limit) and what instances
+// still cut off admit before they charge.
+
+// bucketDebt is what one key's local admissions owe its bucket in Redis.
+type bucketDebt struct {
+	mu     gosync.Mutex
+	units  int64
+	charge *settler // the charge in progress (its id makes a retry a no-op); nil: none
+	sent   int64    // the units charge carries
+}
+
+// bucketLedger holds the keys' debts.
+type bucketLedger struct {
+	keys *local.Table[*bucketDebt]
+}
+
+func newBucketLedger() *bucketLedger {
+	return &bucketLedger{keys: local.NewTable[*bucketDebt](DefaultLedgerKeys, nil)}
+}
+
+// decideBucket is AllowN of a FailLocal Limiter of a bucket algorithm.
+func (l *Limiter) decideBucket(ctx context.Context, key, base string, n int, args []any) (ratelimit.Decision, error) {
+	b := l.buckets
+	var res []int64
+	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
+		if v, ok := b.keys.Peek(key); ok {
+			if err := l.chargeBucket(ctx, v, base); err != nil {
+				return err
+			}
+		}
+		var err error
+		res, err = l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
+		return err
+	})
+	switch {
+	case fallback:
+		d, err := l.fail.decide(ctx, l.limit, l.alg, key, n)
+		if err == nil && d.Allowed {
+			v, _ := b.keys.GetOrCreate(key, func() *bucketDebt { return &bucketDebt{} })
+			v.mu.Lock()
+			v.units += int64(n)
+			v.mu.Unlock()
+		}
+		return d, err
+	case err != nil && callerEnded(ctx) != nil:
+		return ratelimit.Decision{}, err
+	case err != nil:
+		return ratelimit.Decision{}, wrapScriptErr(l.alg, err)
+	}
+	return l.decision(res)
+}
+
+// chargeBucket charges what v owes to the key's bucket, as the settlement
+// of a reservation of nothing: one settle call, whose id stays until it is
+// known applied, so that a call whose reply was lost is sent again as a
+// no-op rather than charged twice.
+func (l *Limiter) chargeBucket(ctx context.Context, v *bucketDebt, base string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.charge == nil {
+		if v.units == 0 {
+			return nil
+		}
+		now := nowUS(l.clock)
+		v.charge = &settler{set: &l.set, client: l.client, base: base, clock: l.clock,
+			id: strconv.FormatUint(rand.Uint64(), 36), t0: now}
+		v.sent = v.units
+	}
+	if err := v.charge.Settle(ctx, int(v.sent)); err != nil {
+		return err
+	}
+	v.units -= v.sent
+	v.charge, v.sent = nil, 0
+	return nil
 }

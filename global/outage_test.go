@@ -190,3 +190,84 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 	require.Positive(t, fallback)
 	return perWin, froze, thawed
 }
+
+// The buckets under FailLocal through a Redis freeze: 4 instances, each
+// with a local bucket of a quarter of the rate and of the burst, a hot key
+// driven far past 1,000 per second (burst 500), Redis frozen for 2.6s.
+// What the instances admit locally is charged to the bucket in Redis when
+// it is back, so at every admission the fleet has admitted at most the
+// bucket's allowance, Burst + Rate x elapsed, plus one Burst more: the
+// local buckets, full when the outage began.
+func TestOutageRecoveryFailLocalBucket(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			const instances = 4
+			srv := redistest.Standalone(t)
+			limit := ratelimit.Limit{Rate: 1000, Period: time.Second, Burst: 500}
+			prefix := uniquePrefix(t)
+			var ls []*global.Limiter
+			for i := 0; i < instances; i++ {
+				c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+				t.Cleanup(func() { c.Close() })
+				fb, err := local.New(ratelimit.Limit{Rate: limit.Rate / instances, Period: limit.Period, Burst: limit.Burst / instances}, local.WithAlgorithm(alg))
+				require.NoError(t, err)
+				l, err := global.New(c, limit, global.WithPrefix(prefix), global.WithAlgorithm(alg),
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
+				require.NoError(t, err)
+				ls = append(ls, l)
+			}
+			go func() {
+				time.Sleep(1400 * time.Millisecond)
+				if err := srv.Freeze(); err != nil {
+					t.Error(err)
+				}
+				time.Sleep(2600 * time.Millisecond)
+				if err := srv.Thaw(); err != nil {
+					t.Error(err)
+				}
+			}()
+			var mu gosync.Mutex
+			var at []time.Duration
+			var wg gosync.WaitGroup
+			start := time.Now()
+			stop := start.Add(5 * time.Second)
+			for _, l := range ls {
+				for w := 0; w < 4; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var mine []time.Duration
+						for time.Now().Before(stop) {
+							d, err := l.Allow(context.Background(), "b")
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Allowed {
+								mine = append(mine, time.Since(start))
+							}
+						}
+						mu.Lock()
+						at = append(at, mine...)
+						mu.Unlock()
+					}()
+				}
+			}
+			wg.Wait()
+			sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
+			var fallback uint64
+			for _, l := range ls {
+				fallback += l.FallbackDecisions()
+			}
+			worst := 0.0
+			for i, e := range at {
+				allow := 2*float64(limit.Burst) + float64(limit.Rate)*e.Seconds()
+				worst = max(worst, float64(i+1)-(float64(limit.Burst)+float64(limit.Rate)*e.Seconds()))
+				require.LessOrEqual(t, float64(i+1), allow, "admission %d at %v: over 2 x Burst + Rate x elapsed", i+1, e)
+			}
+			t.Logf("admitted %d in 5s (Burst + Rate x 5s = %d); most over Burst + Rate x elapsed: %.0f; fallback decisions %d",
+				len(at), limit.Burst+5*limit.Rate, worst, fallback)
+			require.Positive(t, fallback)
+		})
+	}
+}
