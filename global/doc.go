@@ -40,6 +40,17 @@
 // grace), so no key outlives its use whatever the crash point, and a denied
 // request writes nothing.
 //
+// # When Redis is away
+//
+// Without WithFailureMode, AllowN returns Redis' error. With it, a decision
+// whose call fails or outlasts WithTimeout is taken without Redis, and a
+// circuit breaker keeps later ones off Redis until a probe answers:
+// FailOpen allows, FailClosed denies, FailLocal asks the WithFallback
+// limiter. FailLocal also keeps the outage bound of docs/failure-modes.md:
+// a window the outage touches admits at most its last-known remainder
+// shared by the instances (WithInstances), and what was admitted locally
+// is charged to Redis when it is back (for the buckets, as an overdraft).
+//
 // # Redis Cluster
 //
 // The braces around the tag are a Cluster hash tag: every key of one user key
