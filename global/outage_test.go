@@ -144,14 +144,20 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 				for time.Now().Before(stop) {
 					t0 := time.Now().UnixMicro()
 					d, err := l.Allow(context.Background(), "k")
+					t1 := time.Now().UnixMicro()
 					if err != nil {
 						errs.Add(1)
 						continue
 					}
 					if d.Allowed {
-						// Redis (or the fallback) decided after t0: t0 +
-						// ResetAfter is at most the window's end.
-						idx := (t0 + d.ResetAfter.Microseconds() - 1) / p
+						// The window the decider counted it in: the one
+						// whose end is ResetAfter after it decided,
+						// between t0 and t1, by its clock (Redis', or
+						// the fallback's, anchored apart from the wall
+						// clock); rounded to the nearest window's end,
+						// which the call's duration and the clocks'
+						// offset are far from reaching.
+						idx := ((t0+t1)/2+d.ResetAfter.Microseconds()+p/2)/p - 1
 						mu.Lock()
 						perWin[idx]++
 						mu.Unlock()
