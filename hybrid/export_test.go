@@ -7,3 +7,22 @@ func NodeQueues(h *Limiter) int {
 	defer h.asks.mu.Unlock()
 	return len(h.asks.nodes)
 }
+
+// CreditShare returns what h would admit of key on credit (FailLocal) in
+// the window now falls in, were its breaker to open now: the window's
+// last-known remainder shared by the instances, or Rate / instances when
+// it heard nothing of the window. Bucket keys are not windows: -1.
+func CreditShare(h *Limiter, key string) int64 {
+	if h.p.bucket {
+		return -1
+	}
+	c := h.lookup(key)
+	now, f := h.mono(), h.facts()
+	lc := c.lock()
+	defer lc.unlock()
+	idx, _ := f.clock.window(now)
+	if l := lc.cur.Load(); l != nil && now < l.end {
+		idx = l.idx
+	}
+	return lc.creditShare(idx, h.p.localShare(f), f)
+}
