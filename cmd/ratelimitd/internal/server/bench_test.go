@@ -17,7 +17,9 @@ package server_test
 // a peer), and the process CPU per call (client and server together, as
 // both run in this process).
 //
-// The window unit is a minute by default; RLBENCH_UNIT=second uses
+// RLBENCH_KEYS lists the key counts instead of 1 and 10,000 (say
+// RLBENCH_KEYS=100000 for a long tail). Each also reports p99.9 and the
+// slowest call. The window unit is a minute by default; RLBENCH_UNIT=second uses
 // per-second rules instead (with 10,000 keys each key then sees a new
 // window every second, the hybrid's costliest case).
 //
@@ -166,9 +168,20 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		}
 		targets = append(targets, peer)
 	}
+	keyCounts := []int{1, 10000}
+	if v := os.Getenv("RLBENCH_KEYS"); v != "" {
+		keyCounts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				b.Fatalf("RLBENCH_KEYS=%q: want a comma-separated list of key counts", v)
+			}
+			keyCounts = append(keyCounts, n)
+		}
+	}
 	for _, tg := range targets {
 		for _, mode := range tg.rules {
-			for _, keys := range []int{1, 10000} {
+			for _, keys := range keyCounts {
 				for _, clients := range []int{16, 64} {
 					name := fmt.Sprintf("%s/%s/keys=%d/clients=%d", tg.name, mode, keys, clients)
 					b.Run(name, func(b *testing.B) { benchCalls(b, tg, mode+suffix, keys, clients) })
@@ -246,6 +259,8 @@ func benchCalls(b *testing.B, tg *benchTarget, key string, keys, clients int) {
 	b.ReportMetric(n/elapsed.Seconds(), "calls/s")
 	b.ReportMetric(pct(0.50), "p50-us")
 	b.ReportMetric(pct(0.99), "p99-us")
+	b.ReportMetric(pct(0.999), "p99.9-us")
+	b.ReportMetric(float64(all[len(all)-1].Microseconds()), "max-us")
 	if tg.roundTrips != nil {
 		b.ReportMetric(1000*float64(tg.roundTrips()-trips0)/n, "rtt/1k-calls")
 	}
