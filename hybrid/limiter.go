@@ -129,7 +129,8 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
 	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
 	h.asks = newRouter(client, func() *queue {
-		return &queue{maxInFlight: pipelinesPerNode, wg: &h.inflight, send: func(batch []queued) {
+		gap := func() time.Duration { return gapFor(2 * time.Duration(h.clk.errorBound())) } // the kept sample's round trip
+		return &queue{maxInFlight: pipelinesPerNode, gap: gap, mono: h.mono, wg: &h.inflight, send: func(batch []queued) {
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
 			defer cancel()
 			h.st.syncRoundTrips.Add(1)

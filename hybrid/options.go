@@ -58,7 +58,7 @@ const (
 	maxLeaseAttempts        = 32 // synchronous lease calls one decision may make, within its one timeout
 	minCallTimeout          = time.Second
 	syncBatch               = 4096 // lease calls per pipeline
-	pipelinesPerNode        = 1    // decisions' pipelines in flight at once to one Redis node
+	pipelinesPerNode        = 16   // most decisions' pipelines in flight at once to one Redis node (see queue)
 	maxFlushPasses          = 3
 	unknownFleet            = 16 // instances assumed before a heartbeat ever told the fleet size
 	lastErrKeep             = 10 * time.Second

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	gosync "sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -15,25 +16,83 @@ type queued interface {
 }
 
 // queue gathers what decisions must send to one Redis node now and hands
-// it to send in batches: up to maxInFlight batches on their way at once,
-// what is queued meanwhile going out together in the next (auto-
-// pipelining). An idle queue sends at once: no timer adds latency to a
-// lone call.
+// it to send in batches (auto-pipelining). An idle queue sends at once: no
+// timer adds latency to a lone call. While a batch is on its way, what is
+// queued meanwhile goes out together: in the next batch when the one on
+// its way comes back; or, with Redis far away (its round trip farRTT or
+// more), once the last batch has been out for gap (a fraction of the
+// round trip), in a batch of its own beside it, up to maxInFlight at once.
+// Near Redis one batch is out at a time, and each carries all that came
+// meanwhile: fewer round trips, less Redis CPU, and a closed loop that
+// warms sooner. Far away, a decision waits about one round trip and a
+// gap, not the rest of the batch on its way and then its own.
 type queue struct {
 	mu          gosync.Mutex
 	items       []queued
-	running     int // goroutines sending batches
+	running     int   // goroutines sending batches
+	sentAt      int64 // mono ns: when the last batch went out
+	armed       bool  // a timer will start a sender
+	timer       *time.Timer
 	maxInFlight int
+	gap         func() time.Duration // how long a batch is out before another may go beside it; 0: none may
+	mono        func() int64
 	send        func(batch []queued)
 	wg          *gosync.WaitGroup // the goroutines sending, for Close to wait on
 }
 
-// add queues t, and starts a goroutine to send it when fewer than
-// maxInFlight are sending.
+// The queue's gap: with Redis farRTT or more away, the round trip over
+// gapDiv, at least minGap.
+const (
+	farRTT = 2 * time.Millisecond
+	minGap = time.Millisecond
+	gapDiv = 12
+)
+
+// gapFor is the queue's gap for a round trip of rtt: 0 (one batch out at
+// a time) for a Redis nearer than farRTT.
+func gapFor(rtt time.Duration) time.Duration {
+	if rtt < farRTT {
+		return 0
+	}
+	return max(minGap, rtt/gapDiv)
+}
+
+// add queues t, and starts a goroutine to send it when none is sending, or
+// when the last batch has been out for the gap and fewer than maxInFlight
+// are; otherwise a timer starts one when the gap has passed, unless a
+// batch that comes back first takes t.
 func (q *queue) add(t queued) {
 	q.mu.Lock()
 	q.items = append(q.items, t)
-	start := q.running < q.maxInFlight
+	start := q.running == 0
+	if g := q.gap(); !start && g > 0 && q.running < q.maxInFlight && !q.armed {
+		wait := q.sentAt + int64(g) - q.mono()
+		if wait <= 0 {
+			start = true
+		} else {
+			q.armed = true
+			if q.timer == nil {
+				q.timer = time.AfterFunc(time.Duration(wait), q.kick)
+			} else {
+				q.timer.Reset(time.Duration(wait))
+			}
+		}
+	}
+	if start {
+		q.running++
+		q.wg.Add(1)
+	}
+	q.mu.Unlock()
+	if start {
+		go q.drain()
+	}
+}
+
+// kick starts a sender for what is still queued once the gap has passed.
+func (q *queue) kick() {
+	q.mu.Lock()
+	q.armed = false
+	start := len(q.items) > 0 && q.running < q.maxInFlight
 	if start {
 		q.running++
 		q.wg.Add(1)
@@ -56,6 +115,7 @@ func (q *queue) drain() {
 			q.mu.Unlock()
 			return
 		}
+		q.sentAt = q.mono()
 		q.mu.Unlock()
 		q.send(batch)
 	}

@@ -1,0 +1,110 @@
+package hybrid
+
+import (
+	gosync "sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// item is a queued call for the queue's tests.
+type item string
+
+func (i item) request() request { return request{} }
+func (i item) base() string     { return string(i) }
+
+// blockingSends records the queue's batches; each send blocks until the
+// test releases it.
+type blockingSends struct {
+	batches chan []string
+	release chan struct{}
+}
+
+func newBlockingSends() *blockingSends {
+	return &blockingSends{batches: make(chan []string, 16), release: make(chan struct{}, 16)}
+}
+
+func (b *blockingSends) send(batch []queued) {
+	var names []string
+	for _, q := range batch {
+		names = append(names, q.base())
+	}
+	b.batches <- names
+	<-b.release
+}
+
+// next returns the next batch sent, or fails after a while.
+func (b *blockingSends) next(t *testing.T) []string {
+	t.Helper()
+	select {
+	case names := <-b.batches:
+		return names
+	case <-time.After(5 * time.Second):
+		t.Fatal("no batch sent")
+		return nil
+	}
+}
+
+// none checks that no batch is sent for a while.
+func (b *blockingSends) none(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case names := <-b.batches:
+		t.Fatalf("batch %v sent while none should be", names)
+	case <-time.After(d):
+	}
+}
+
+func newTestQueue(b *blockingSends, gap time.Duration, maxInFlight int, wg *gosync.WaitGroup) *queue {
+	start := time.Now()
+	return &queue{maxInFlight: maxInFlight, gap: func() time.Duration { return gap }, mono: func() int64 { return int64(time.Since(start)) },
+		wg: wg, send: b.send}
+}
+
+// Near Redis (no gap): a lone call goes at once; what comes while a batch
+// is out waits for it, and goes together in the next batch.
+func TestQueueNearOneBatchOut(t *testing.T) {
+	var wg gosync.WaitGroup
+	b := newBlockingSends()
+	q := newTestQueue(b, 0, 16, &wg)
+	q.add(item("a"))
+	require.Equal(t, []string{"a"}, b.next(t))
+	q.add(item("b"))
+	q.add(item("c"))
+	b.none(t, 50*time.Millisecond)
+	b.release <- struct{}{} // a's round trip ends
+	require.Equal(t, []string{"b", "c"}, b.next(t))
+	b.release <- struct{}{}
+	wg.Wait()
+	require.True(t, q.idle())
+}
+
+// Far from Redis (a gap): what comes while a batch is out goes beside it
+// once the gap has passed, without waiting for it to come back, up to
+// maxInFlight batches; beyond that it waits for one to come back.
+func TestQueueFarBatchesBeside(t *testing.T) {
+	var wg gosync.WaitGroup
+	b := newBlockingSends()
+	q := newTestQueue(b, 300*time.Millisecond, 2, &wg) // long enough that b and c both come within it
+	q.add(item("a"))
+	require.Equal(t, []string{"a"}, b.next(t))
+	q.add(item("b")) // within the gap: a timer sends it when the gap has passed
+	q.add(item("c"))
+	require.Equal(t, []string{"b", "c"}, b.next(t), "sent beside a, which has not come back")
+	q.add(item("d")) // two out: d waits for one to come back
+	b.none(t, 50*time.Millisecond)
+	b.release <- struct{}{}
+	require.Equal(t, []string{"d"}, b.next(t))
+	b.release <- struct{}{}
+	b.release <- struct{}{}
+	wg.Wait()
+	require.True(t, q.idle())
+}
+
+func TestGapFor(t *testing.T) {
+	require.Zero(t, gapFor(300*time.Microsecond), "near: one batch out at a time")
+	require.Zero(t, gapFor(0), "no round trip measured yet")
+	require.Equal(t, minGap, gapFor(farRTT))
+	require.Equal(t, 100*time.Millisecond/gapDiv, gapFor(100*time.Millisecond))
+}
