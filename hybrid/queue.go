@@ -58,41 +58,46 @@ func gapFor(rtt time.Duration) time.Duration {
 }
 
 // add queues t, and starts a goroutine to send it when none is sending, or
-// when the last batch has been out for the gap and fewer than maxInFlight
-// are; otherwise a timer starts one when the gap has passed, unless a
-// batch that comes back first takes t.
+// when another batch may go beside those on their way (see beside).
 func (q *queue) add(t queued) {
 	q.mu.Lock()
 	q.items = append(q.items, t)
-	start := q.running == 0
-	if g := q.gap(); !start && g > 0 && q.running < q.maxInFlight && !q.armed {
-		wait := q.sentAt + int64(g) - q.mono()
-		if wait <= 0 {
-			start = true
-		} else {
-			q.armed = true
-			if q.timer == nil {
-				q.timer = time.AfterFunc(time.Duration(wait), q.kick)
-			} else {
-				q.timer.Reset(time.Duration(wait))
-			}
-		}
+	q.unlockStarting(q.running == 0 || q.beside())
+}
+
+// beside reports, with q locked and a batch on its way, whether another
+// may go beside it now: Redis is far, fewer than maxInFlight are out, and
+// the last has been out for the gap. When it may only later, a timer
+// starts one then (kick), unless a batch that comes back first takes
+// what is queued.
+func (q *queue) beside() bool {
+	g := q.gap()
+	if g <= 0 || q.running >= q.maxInFlight || q.armed {
+		return false
 	}
-	if start {
-		q.running++
-		q.wg.Add(1)
+	wait := time.Duration(q.sentAt + int64(g) - q.mono())
+	if wait <= 0 {
+		return true
 	}
-	q.mu.Unlock()
-	if start {
-		go q.drain()
+	q.armed = true
+	if q.timer == nil {
+		q.timer = time.AfterFunc(wait, q.kick)
+	} else {
+		q.timer.Reset(wait)
 	}
+	return false
 }
 
 // kick starts a sender for what is still queued once the gap has passed.
 func (q *queue) kick() {
 	q.mu.Lock()
 	q.armed = false
-	start := len(q.items) > 0 && q.running < q.maxInFlight
+	q.unlockStarting(len(q.items) > 0 && q.running < q.maxInFlight)
+}
+
+// unlockStarting unlocks q, having counted a new sender when start, and
+// starts it.
+func (q *queue) unlockStarting(start bool) {
 	if start {
 		q.running++
 		q.wg.Add(1)
