@@ -244,7 +244,11 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	if !d.Allowed {
 		unreserve(e)
 	}
-	if dw := g.decidedIn(win, now, d); dw > e.win {
+	dw := g.decidedIn(win, now, d)
+	if len(res) == 5 {
+		dw = max(win, res[4]) // take's window: exact
+	}
+	if dw > e.win {
 		// Redis counted it in the next window: it is that window's
 		unreserve(e)
 		e.moveTo(dw)
@@ -253,7 +257,9 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 			e.used += int64(n)
 		}
 	}
-	e.free = int64(d.Remaining)
+	if dw == e.win {
+		e.free = int64(d.Remaining) // (not a reply of a window gone by)
+	}
 	e.mu.Unlock()
 	return d, nil
 }
