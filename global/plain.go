@@ -176,16 +176,27 @@ func (l *Limiter) takePlain(ctx context.Context, base string, n int, win, use in
 	return []int64{0, max(0, rate-(count-int64(n))), reset, reset, idx}, charged, true, nil
 }
 
-// pipeline sends plain calls to Redis in batches: one batch on its way at
-// a time, carrying every call queued meanwhile; an idle pipeline sends at
-// once. A goroutine sends while calls are queued and ends when none is
-// left, so nothing outlives the work (a Limiter has no Close). go-redis
-// splits a batch per Cluster node.
+// pipeline sends plain calls to Redis in batches: an idle pipeline sends
+// at once; while a batch is on its way, the calls queued meanwhile go
+// together in the next, when it comes back, or, once it has been out for
+// besideAfter (a few loopback round trips: its sender is held up, or
+// Redis is slow or far), in one beside it, up to maxBatchesOut at once.
+// A goroutine sends while calls are queued and ends when none is left,
+// so nothing outlives the work (a Limiter has no Close). go-redis splits
+// a batch per Cluster node.
+//
+// One batch out at a time costs Redis least (a round trip is most of what
+// a decision costs it); a second beside a batch held up keeps the tail
+// short. Measured with ratelimitd's exact mode on the long tail at 64
+// callers (docs/ratelimitd.md), one batch out at a time had a p99.9 of
+// 31-37 ms, four at once 13-24 ms but 1.3-2x the Redis CPU per decision;
+// this rule, about both's best.
 type pipeline struct {
 	client  redis.UniversalClient
 	mu      sync.Mutex
 	items   []*plainCall
-	running bool        // a goroutine is sending
+	running int         // goroutines sending
+	sentAt  int64       // when the last batch went out, Unix ns
 	noNX    atomic.Bool // Redis knows no PEXPIRE NX (before 7.0)
 }
 
@@ -201,14 +212,22 @@ type plainCall struct {
 	err      error
 }
 
+// The pipeline's rule: see above.
+const (
+	maxBatchesOut = 4
+	besideAfter   = 500 * time.Microsecond
+)
+
 // add queues c, with ctx's deadline, and starts a goroutine to send it
-// when none is sending.
+// when none is sending, or when the last batch has been out besideAfter.
 func (q *pipeline) add(ctx context.Context, c *plainCall) {
 	c.deadline, _ = ctx.Deadline() // none: the client's timeouts apply
 	q.mu.Lock()
 	q.items = append(q.items, c)
-	start := !q.running
-	q.running = true
+	start := q.running == 0 || q.running < maxBatchesOut && time.Now().UnixNano()-q.sentAt >= int64(besideAfter)
+	if start {
+		q.running++
+	}
 	q.mu.Unlock()
 	if start {
 		go q.drain()
@@ -221,8 +240,9 @@ func (q *pipeline) drain() {
 		q.mu.Lock()
 		batch := q.items
 		q.items = nil
+		q.sentAt = time.Now().UnixNano()
 		if len(batch) == 0 {
-			q.running = false
+			q.running--
 			q.mu.Unlock()
 			return
 		}
