@@ -12,9 +12,9 @@ import (
 func TestLedger(t *testing.T) {
 	const sec = int64(time.Second / time.Microsecond)
 	instances := 4
-	g := newLedger(ratelimit.Limit{Rate: 1000, Period: time.Second}, ratelimit.FixedWindow, 500*time.Millisecond, func() int { return instances })
+	g := newLedger([]ratelimit.Limit{{Rate: 1000, Period: time.Second}}, []ratelimit.Algorithm{ratelimit.FixedWindow}, 500*time.Millisecond, func() int { return instances })
 	for w := int64(0); w < 20; w++ {
-		if g.cautious(w) {
+		if g.cautious(0, w) {
 			t.Fatalf("window %d cautious before any outage", w)
 		}
 	}
@@ -22,48 +22,50 @@ func TestLedger(t *testing.T) {
 	// begins 0.8s after it, past the 0.5s settle; windows beginning
 	// within the settle would be cautious too.
 	g.down(5*sec + 300_000)
-	if !g.cautious(5) || !g.cautious(9) || g.cautious(4) {
+	if !g.cautious(0, 5) || !g.cautious(0, 9) || g.cautious(0, 4) {
 		t.Error("while the outage lasts, its window and those after it are cautious, not those before")
 	}
 	g.up(7*sec + 200_000)
 	for w, want := range map[int64]bool{4: false, 5: true, 6: true, 7: true, 8: false} {
-		if got := g.cautious(w); got != want {
+		if got := g.cautious(0, w); got != want {
 			t.Errorf("window %d cautious %v; want %v", w, got, want)
 		}
 	}
 	g.up(9 * sec) // a second answer does not move the end
-	if g.cautious(8) {
+	if g.cautious(0, 8) {
 		t.Error("the outage's end moved with a later answer")
 	}
 	g.down(20*sec + 900_000)
 	g.up(21*sec + 700_000)
-	if !g.cautious(22) {
+	if !g.cautious(0, 22) {
 		t.Error("a window beginning within the settle after an outage is not cautious")
 	}
 
 	// A window's budget: its last-known remainder shared by the
 	// instances, else their share of the limit.
-	e := g.entry("k", 5)
+	k := g.lock("k", 5)
+	e := &k.w[0]
 	e.free = 402
-	g.caution(e)
+	g.caution(0, e)
 	if e.budget != 100 {
 		t.Errorf("budget %d; want 402 / 4", e.budget)
 	}
 	e.used, e.debt = 7, 3
-	e.mu.Unlock()
-	e = g.entry("k", 6)
+	k.mu.Unlock()
+	k = g.lock("k", 6)
+	e = &k.w[0]
 	if e.win != 6 || e.used != 0 || e.debt != 0 || e.budget != -1 || e.free != -1 {
 		t.Errorf("entry %+v; want window 6, fresh", e)
 	}
-	g.caution(e)
+	g.caution(0, e)
 	if e.budget != 250 {
 		t.Errorf("budget %d of a window begun during the outage; want 1000 / 4", e.budget)
 	}
-	e.mu.Unlock()
-	if e = g.entry("k", 5); e.win != 6 {
+	k.mu.Unlock()
+	if k = g.lock("k", 5); k.w[0].win != 6 {
 		t.Error("an earlier window replaced a later one")
 	}
-	e.mu.Unlock()
+	k.mu.Unlock()
 
 	// The window a FixedWindow decision counted in, from the time read
 	// before it and its ResetAfter.
@@ -78,7 +80,7 @@ func TestLedger(t *testing.T) {
 		{5*sec + 100_000, 0, 5},                          // no reset: as asked
 		{5*sec + 100_000, 100 * time.Millisecond, 5},     // (never before the window asked)
 	} {
-		if got := g.decidedIn(5, c.t, ratelimit.Decision{ResetAfter: c.reset}); got != c.want {
+		if got := g.decidedIn(0, 5, c.t, c.reset); got != c.want {
 			t.Errorf("decidedIn(5, %d, %v) = %d; want %d", c.t, c.reset, got, c.want)
 		}
 	}
