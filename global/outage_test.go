@@ -92,6 +92,48 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 	}
 }
 
+// global.Multi under FailLocal keeps each limit's outage bound: a Multi of
+// 1,000 per second (FixedWindow) and 5,000 per minute (SlidingWindow), a
+// hot key driven far over both from 1 and 2 instances, each with a
+// local.Multi fallback of its share of each limit and told the fleet size,
+// Redis frozen (SIGSTOP) for 2.6s across windows. Counted per window of
+// each limit from each admission's Limits[i].ResetAfter, no window of
+// either limit passes its Rate: each limit's window gets its last-known
+// remainder shared by the instances, what they admitted locally is charged
+// to every limit in Redis, and a window the outage touched stays within
+// the budgets after it (the minute, all of the run). The fleet still
+// admits while Redis is away.
+func TestOutageRecoveryFailLocalMulti(t *testing.T) {
+	limits := []ratelimit.Limit{ratelimit.PerSecond(1000), ratelimit.PerMinute(5000)}
+	algs := []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow}
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d instances", instances), func(t *testing.T) {
+			r := outageRun(t, instances, []time.Duration{time.Second, time.Minute}, func(rc redis.UniversalClient, prefix string) ratelimit.Limiter {
+				shares := append([]ratelimit.Limit(nil), limits...)
+				for i := range shares {
+					shares[i].Rate /= instances
+				}
+				fb, err := local.NewMulti(shares, local.WithAlgorithms(algs...))
+				require.NoError(t, err)
+				m, err := global.NewMulti(rc, limits, global.WithPrefix(prefix), global.WithAlgorithms(algs...),
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
+				require.NoError(t, err)
+				return m
+			}, freeze, 1400*time.Millisecond, 2600*time.Millisecond, 6*time.Second)
+			for i, l := range limits {
+				for idx, n := range r.perWin[i] {
+					require.LessOrEqual(t, n, l.Rate, "limit %d (%v), window %d", i, l.Period, idx)
+				}
+			}
+			during := 0
+			for idx := r.froze[0] + 1; idx < r.thawed[0]; idx++ {
+				during += r.perWin[0][idx]
+			}
+			require.Positive(t, during, "the fleet admitted while Redis was away")
+		})
+	}
+}
+
 // outage is how Redis goes away and comes back: start and stop, and
 // whether the limiters reach it through the fault proxy.
 type outage struct {
