@@ -186,10 +186,11 @@ func WithBreaker(failures int, openFor time.Duration) Option {
 	})
 }
 
-// WithInstances tells a FailLocal Limiter how many instances share the
-// limit (default 1): while Redis cannot answer, a window's last-known
-// remainder is shared among them, and a window that begins during the
-// outage gets Rate / n here (see docs/failure-modes.md). n must be >= 1.
+// WithInstances tells a FailLocal Limiter or Multi how many instances
+// share the limit (default 1): while Redis cannot answer, a window's
+// last-known remainder is shared among them, and a window that begins
+// during the outage gets Rate / n here, for each limit of a Multi (see
+// docs/failure-modes.md). n must be >= 1.
 func WithInstances(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 {
