@@ -85,3 +85,79 @@ func TestLedger(t *testing.T) {
 		}
 	}
 }
+
+// A Multi's ledger, limit by limit: a decision without Redis fits every
+// cautious window's budget or is refused, reserving nothing; what the
+// fallback admitted is owed to every limit but a SlidingLog, carried by the
+// key's next call, and owed no more once Redis reports it applied.
+func TestLedgerMulti(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	limits := []ratelimit.Limit{ratelimit.PerSecond(1000), ratelimit.PerMinute(100), {Rate: 10, Period: time.Second, Burst: 10}, ratelimit.PerHour(5)}
+	algs := []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.SlidingLog}
+	g := newLedger(limits, algs, 0, func() int { return 2 })
+	states := make([]ratelimit.LimitState, len(limits))
+	now := 60*sec + 500_000 // second 60, minute 1
+
+	// Redis answers: 900 left in the second, 30 in the minute.
+	var c ledgerCall
+	if !g.begin(&c, "k", now, 1, states) {
+		t.Fatal("refused before any outage")
+	}
+	g.end(&c, "k", now, true, 0, []ratelimit.LimitState{{Remaining: 900, ResetAfter: 500 * time.Millisecond},
+		{Remaining: 30, ResetAfter: 59500 * time.Millisecond}, {}, {}})
+
+	// Redis goes away: the budgets are 450 and 15; the fallback admits 10.
+	c = ledgerCall{}
+	if !g.begin(&c, "k", now+1, 10, states) {
+		t.Fatal("refused before the outage was seen")
+	}
+	k := g.lockOutage(&c, "k", states)
+	if k == nil {
+		t.Fatal("10 refused within budgets of 450 and 15")
+	}
+	g.admitLocal(k, &c, now+1, make([]ratelimit.LimitState, len(limits)))
+	if got := [4]int64{k.w[0].budget, k.w[1].budget, k.w[0].used, k.w[1].used}; got != [4]int64{450, 15, 10, 10} {
+		t.Errorf("budgets and used %v; want 450 15 10 10", got)
+	}
+	if got := [4]int64{k.w[0].debt, k.w[1].debt, k.w[2].debt, k.w[3].debt}; got != [4]int64{10, 10, 10, 0} {
+		t.Errorf("debts %v; want 10 each but the SlidingLog's", got)
+	}
+	k.mu.Unlock()
+
+	// 6 more do not fit the minute's budget: refused, the minute denying
+	// until its end, the second reporting its budget's rest.
+	c = ledgerCall{}
+	if g.begin(&c, "k", now+2, 6, states) {
+		t.Fatal("6 admitted past the minute's budget of 15 with 10 used")
+	}
+	if s := states[1]; s.Allowed || s.RetryAfter != 59500*time.Millisecond-2*time.Microsecond || s.Remaining != 5 {
+		t.Errorf("the minute's state %+v; want denied until its end, 5 remaining", s)
+	}
+	if s := states[0]; !s.Allowed || s.Remaining != 440 {
+		t.Errorf("the second's state %+v; want allowed, 440 remaining", s)
+	}
+	if !states[2].Allowed || !states[3].Allowed {
+		t.Error("a limit without a window denied")
+	}
+
+	// Redis is back: 5 fit; the call carries the debts, which Redis applies
+	// for the second and the bucket, not for the minute (say its reply
+	// was lost): the minute's is carried again.
+	c = ledgerCall{}
+	if !g.begin(&c, "k", now+3, 5, states) {
+		t.Fatal("5 refused within the minute's budget")
+	}
+	if c.charge != [ratelimit.MaxLimits]int64{10, 10, 10} {
+		t.Errorf("charges %v; want the debts", c.charge)
+	}
+	g.end(&c, "k", now+4, true, 0b101, []ratelimit.LimitState{{Remaining: 500, ResetAfter: 500*time.Millisecond - 3*time.Microsecond},
+		{Remaining: 0, ResetAfter: 59500*time.Millisecond - 3*time.Microsecond}, {}, {}})
+	k = g.lock("k", 60, 1)
+	if got := [3]int64{k.w[0].debt, k.w[1].debt, k.w[2].debt}; got != [3]int64{0, 10, 0} {
+		t.Errorf("debts %v after the charges applied; want the minute's only", got)
+	}
+	if k.w[1].used != 15 {
+		t.Errorf("the minute's used %d; want its budget, 15", k.w[1].used)
+	}
+	k.mu.Unlock()
+}
