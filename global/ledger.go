@@ -225,12 +225,21 @@ type ledgerCall struct {
 	charge   [ratelimit.MaxLimits]int64         // of each limit's debt, what the call carries to Redis
 }
 
+// The debt a call carries is taken out of its entry while the call is on
+// its way, so that concurrent calls on the key do not carry it again, and
+// given back unless Redis reports it applied: a call that failed, whose
+// reply may have been lost, leaves it to the next (counted twice at worst,
+// the safe side).
+
 // begin starts a decision of n events on key at now: for each window
 // limit its window, and whether an outage touched it (cautious); n is
 // reserved within the budget of each cautious window, and each limit's
-// debt becomes the call's charge. When a cautious window's budget cannot
-// take n, nothing is reserved, and begin returns false with the
-// refusal's states in states (one per limit).
+// debt becomes the call's charge (taken out of the entry until the call
+// ends: see restore). When a cautious window's budget cannot take n,
+// nothing is reserved, and begin returns false with the refusal's states
+// in states (one per limit); the debts are the call's charge still, for
+// the caller to send alone (a decision of nothing: a spent budget must
+// not keep them from Redis) and end, or abort.
 func (g *ledger) begin(c *ledgerCall, key string, now int64, n int, states []ratelimit.LimitState) bool {
 	c.now, c.n = now, int64(n)
 	for i := range g.lims {
@@ -251,6 +260,7 @@ func (g *ledger) begin(c *ledgerCall, key string, now int64, n int, states []rat
 		}
 		if g.refused(k, c, c.cautious, states) {
 			c.cautious = 0
+			g.carry(k, c)
 			return false
 		}
 		for i := range g.lims {
@@ -259,10 +269,38 @@ func (g *ledger) begin(c *ledgerCall, key string, now int64, n int, states []rat
 			}
 		}
 	}
-	for i := range g.lims {
-		c.charge[i] = k.w[i].debt
-	}
+	g.carry(k, c)
 	return true
+}
+
+// carry makes each limit's debt, k locked, c's charge.
+func (g *ledger) carry(k *ledgerKey, c *ledgerCall) {
+	for i := range g.lims {
+		c.charge[i], k.w[i].debt = k.w[i].debt, 0
+	}
+}
+
+// charges returns c's charges as multi.lua takes them, two values per
+// limit of k (the window, the events), in buf; nil when there are none.
+func (c *ledgerCall) charges(k int, buf *[2 * ratelimit.MaxLimits]int64) []int64 {
+	var out []int64
+	for i := range k {
+		buf[2*i], buf[2*i+1] = c.win[i], c.charge[i]
+		if c.charge[i] > 0 {
+			out = buf[:2*k]
+		}
+	}
+	return out
+}
+
+// restore gives back, k locked, the charges of c that Redis did not apply
+// (bit i of applied: limit i's was), to windows still k's.
+func (g *ledger) restore(k *ledgerKey, c *ledgerCall, applied uint16) {
+	for i := range g.lims {
+		if e := &k.w[i]; c.charge[i] > 0 && applied&(1<<i) == 0 && (!g.lims[i].window || e.win == c.win[i]) {
+			e.debt += c.charge[i]
+		}
+	}
 }
 
 // refused reports whether the budget of a window of the limits in mask,
@@ -301,22 +339,25 @@ func (g *ledger) unreserve(k *ledgerKey, c *ledgerCall) {
 }
 
 // abort ends a decision that Redis did not take and no one else will:
-// what begin reserved is given back.
+// what begin reserved is given back, and what it carried is owed again.
 func (g *ledger) abort(c *ledgerCall, key string) {
 	k := g.lock(key, c.win[:len(g.lims)]...)
 	g.unreserve(k, c)
+	g.restore(k, c, 0)
 	k.mu.Unlock()
 }
 
 // lockOutage starts a decision taken without Redis: it notes the outage,
-// gives back what begin reserved, makes every window limit's window
-// cautious and returns key's entries locked, for the caller to ask the
-// fallback limiter, note what it admitted (admitLocal) and unlock. When a
-// window's budget cannot take c.n it returns nil, the refusal in states.
+// gives back what begin reserved (and owes again what it carried), makes
+// every window limit's window cautious and returns key's entries locked,
+// for the caller to ask the fallback limiter, note what it admitted
+// (admitLocal) and unlock. When a window's budget cannot take c.n it
+// returns nil, the refusal in states.
 func (g *ledger) lockOutage(c *ledgerCall, key string, states []ratelimit.LimitState) *ledgerKey {
 	g.down(c.now)
 	k := g.lock(key, c.win[:len(g.lims)]...)
 	g.unreserve(k, c)
+	g.restore(k, c, 0)
 	var windows uint16
 	for i := range g.lims {
 		if g.lims[i].window {
@@ -354,7 +395,8 @@ func (g *ledger) admitLocal(k *ledgerKey, c *ledgerCall, t int64, states []ratel
 // end closes a decision Redis answered at now, admitted or not, with the
 // limits' states in states. The outage under way, if one is, ends (the
 // call may have been sent during it: a window that began before is
-// cautious). A charge Redis applied (bit i of charged) is owed no more.
+// cautious). A charge Redis applied (bit i of charged) is owed no more;
+// the others are owed again.
 // What begin reserved stays counted in an admission; each window limit's
 // decision counts in the window Redis counted it in, whose remainder the
 // entry notes.
@@ -365,13 +407,10 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 	if !admitted {
 		g.unreserve(k, c)
 	}
+	g.restore(k, c, charged)
 	for i := range g.lims {
 		e := &k.w[i]
-		win := g.lims[i].window
-		if charged&(1<<i) != 0 && (!win || e.win == c.win[i]) {
-			e.debt = max(0, e.debt-c.charge[i])
-		}
-		if !win {
+		if !g.lims[i].window {
 			continue
 		}
 		if dw := g.decidedIn(i, c.win[i], c.now, states[i].ResetAfter); dw > e.win {
@@ -392,25 +431,16 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	var c ledgerCall
 	var st [1]ratelimit.LimitState
 	if !g.begin(&c, key, nowUS(l.clock), n, st[:]) {
+		if c.charge[0] > 0 {
+			l.chargeLedger(ctx, key, base, &c, args)
+		}
 		return single(&st[0]), nil
 	}
-	win, charge := c.win[0], c.charge[0]
 	var res []int64
 	var charged bool
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
 		var err error
-		if l.alg == ratelimit.FixedWindow {
-			// (the charge and the decision in one take.lua call)
-			res, charged, err = l.take(ctx, base, n, win, charge)
-			return err
-		}
-		if charge > 0 { // (sliding_window.lua: the charge, then the decision)
-			args = append(args[:len(args):len(args)], win, charge)
-		}
-		res, err = l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
-		if err == nil && len(res) == 5 {
-			charged, res = res[4] == 1, res[:4]
-		}
+		res, charged, err = l.callLedger(ctx, base, n, c.win[0], c.charge[0], args)
 		return err
 	})
 	switch {
@@ -447,6 +477,54 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	st[0] = ratelimit.LimitState{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter}
 	g.end(&c, key, nowUS(l.clock), d.Allowed, bits, st[:])
 	return d, nil
+}
+
+// callLedger is the script call of a decision of a FailLocal Limiter of a
+// window algorithm, with args (see AllowN): charge units admitted without
+// Redis are added to window win first, when it is the current one
+// (reported in charged), then n are decided.
+func (l *Limiter) callLedger(ctx context.Context, base string, n int, win, charge int64, args []any) (res []int64, charged bool, err error) {
+	if l.alg == ratelimit.FixedWindow {
+		return l.take(ctx, base, n, win, charge) // (one take.lua call)
+	}
+	if charge > 0 { // (sliding_window.lua: the charge, then the decision)
+		args = append(args[:len(args):len(args)], win, charge)
+	}
+	res, err = l.script.Run(ctx, l.client, []string{base}, args...).Int64Slice()
+	if err == nil && len(res) == 5 {
+		return res[:4], res[4] == 1, nil
+	}
+	return res, false, err
+}
+
+// chargeLedger sends what a decision the ledger refused carries, alone:
+// a decision of nothing with the charge, under the failure policy. Its
+// outcome is the ledger's only; a charge not applied is owed again.
+func (l *Limiter) chargeLedger(ctx context.Context, key, base string, c *ledgerCall, args []any) {
+	g := l.ledger
+	args = append(args[:0:0], args...)
+	args[1] = 0 // n
+	var res []int64
+	var charged bool
+	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
+		var err error
+		res, charged, err = l.callLedger(ctx, base, 0, c.win[0], c.charge[0], args)
+		return err
+	})
+	var d ratelimit.Decision
+	if !fallback && err == nil {
+		d, err = l.decision(res)
+	}
+	if fallback || err != nil {
+		g.abort(c, key)
+		return
+	}
+	var bits uint16
+	if charged {
+		bits = 1
+	}
+	st := [1]ratelimit.LimitState{{Remaining: d.Remaining, ResetAfter: d.ResetAfter}}
+	g.end(c, key, nowUS(l.clock), false, bits, st[:])
 }
 
 // single is the Decision of a limiter of one limit in state s.

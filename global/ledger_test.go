@@ -139,6 +139,12 @@ func TestLedgerMulti(t *testing.T) {
 	if !states[2].Allowed || !states[3].Allowed {
 		t.Error("a limit without a window denied")
 	}
+	// The refused call carries the debts still, to be sent alone; its
+	// charge-only call failed: they are owed again.
+	if c.charge != [ratelimit.MaxLimits]int64{10, 10, 10} {
+		t.Errorf("a refusal's charges %v; want the debts", c.charge)
+	}
+	g.abort(&c, "k")
 
 	// Redis is back: 5 fit; the call carries the debts, which Redis applies
 	// for the second and the bucket, not for the minute (say its reply

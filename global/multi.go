@@ -156,17 +156,14 @@ func (m *Multi) decideLedger(ctx context.Context, key, base string, now any, n i
 	k := len(m.set.limits)
 	states = check.States(states, k)
 	var c ledgerCall
+	var buf [2 * ratelimit.MaxLimits]int64
 	if !g.begin(&c, key, nowUS(m.clock), n, *states) {
+		if carry := c.charges(k, &buf); carry != nil {
+			m.chargeLedger(ctx, key, base, now, &c, carry)
+		}
 		return ratelimit.Combine(states), nil
 	}
-	var charges [2 * ratelimit.MaxLimits]int64
-	var carry []int64 // nil: no charge
-	for i := range k {
-		charges[2*i], charges[2*i+1] = c.win[i], c.charge[i]
-		if c.charge[i] > 0 {
-			carry = charges[:2*k]
-		}
-	}
+	carry := c.charges(k, &buf) // nil: no charge
 	var d ratelimit.Decision
 	var charged uint16
 	fallback, err := m.fail.run(ctx, func(ctx context.Context) error {
@@ -199,6 +196,25 @@ func (m *Multi) decideLedger(ctx context.Context, key, base string, now any, n i
 	}
 	g.end(&c, key, nowUS(m.clock), d.Allowed, charged, *states)
 	return d, nil
+}
+
+// chargeLedger sends what a decision the ledger refused carries, alone:
+// a decision of nothing with the charges, under the failure policy. Its
+// outcome is the ledger's only; a charge not applied is owed again.
+func (m *Multi) chargeLedger(ctx context.Context, key, base string, now any, c *ledgerCall, charges []int64) {
+	g := m.ledger
+	var states []ratelimit.LimitState
+	var charged uint16
+	fallback, err := m.fail.run(ctx, func(ctx context.Context) error {
+		var err error
+		_, _, charged, err = m.set.take(ctx, m.client, base, now, 0, &states, charges)
+		return err
+	})
+	if fallback || err != nil {
+		g.abort(c, key)
+		return
+	}
+	g.end(c, key, nowUS(m.clock), false, charged, states)
 }
 
 // Reserve decides as AllowN(ctx, key, estimate) (without the failure mode:
