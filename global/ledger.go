@@ -48,6 +48,11 @@ type ledger struct {
 	instances func() int
 	keys      *local.Table[*ledgerKey]
 	out       atomic.Pointer[outageSpan] // the last outage; nil: none yet
+
+	// dropped, for tests: called, the key locked, with units of limit i
+	// admitted locally in window win that no call charged to it while it
+	// lasted.
+	dropped func(i int, win, units int64)
 }
 
 // ledgerLimit is one limit of a ledger.
@@ -116,17 +121,20 @@ func (g *ledger) lock(key string, wins ...int64) *ledgerKey {
 	k.mu.Lock()
 	for i := range g.lims {
 		if g.lims[i].window {
-			k.w[i].moveTo(wins[i])
+			g.moveTo(i, &k.w[i], wins[i])
 		}
 	}
 	return k
 }
 
-// moveTo sets e, locked, to window win if that is a later one (a clock
-// that stepped back keeps the later window): a window that ended owes
-// nothing more.
-func (e *ledgerEntry) moveTo(win int64) {
+// moveTo sets e, limit i's entry, locked, to window win if that is a
+// later one (a clock that stepped back keeps the later window): a window
+// that ended owes nothing more.
+func (g *ledger) moveTo(i int, e *ledgerEntry, win int64) {
 	if win > e.win {
+		if e.debt > 0 && g.dropped != nil {
+			g.dropped(i, e.win, e.debt)
+		}
 		e.win, e.free, e.budget, e.used, e.debt = win, -1, -1, 0, 0
 	}
 }
@@ -223,6 +231,7 @@ type ledgerCall struct {
 	left     [ratelimit.MaxLimits]time.Duration // and the time left in it
 	cautious uint16                             // bit i: limit i's window is cautious, n reserved in it
 	charge   [ratelimit.MaxLimits]int64         // of each limit's debt, what the call carries to Redis
+	cwin     [ratelimit.MaxLimits]int64         // and the window it is owed to (the entry's, maybe later than win)
 }
 
 // The debt a call carries is taken out of its entry while the call is on
@@ -273,10 +282,11 @@ func (g *ledger) begin(c *ledgerCall, key string, now int64, n int, states []rat
 	return true
 }
 
-// carry makes each limit's debt, k locked, c's charge.
+// carry makes each limit's debt, k locked, c's charge, owed to the
+// entry's window (another decision may have moved it past c's).
 func (g *ledger) carry(k *ledgerKey, c *ledgerCall) {
 	for i := range g.lims {
-		c.charge[i], k.w[i].debt = k.w[i].debt, 0
+		c.charge[i], c.cwin[i], k.w[i].debt = k.w[i].debt, k.w[i].win, 0
 	}
 }
 
@@ -285,7 +295,7 @@ func (g *ledger) carry(k *ledgerKey, c *ledgerCall) {
 func (c *ledgerCall) charges(k int, buf *[2 * ratelimit.MaxLimits]int64) []int64 {
 	var out []int64
 	for i := range k {
-		buf[2*i], buf[2*i+1] = c.win[i], c.charge[i]
+		buf[2*i], buf[2*i+1] = c.cwin[i], c.charge[i]
 		if c.charge[i] > 0 {
 			out = buf[:2*k]
 		}
@@ -297,8 +307,13 @@ func (c *ledgerCall) charges(k int, buf *[2 * ratelimit.MaxLimits]int64) []int64
 // (bit i of applied: limit i's was), to windows still k's.
 func (g *ledger) restore(k *ledgerKey, c *ledgerCall, applied uint16) {
 	for i := range g.lims {
-		if e := &k.w[i]; c.charge[i] > 0 && applied&(1<<i) == 0 && (!g.lims[i].window || e.win == c.win[i]) {
+		e := &k.w[i]
+		switch {
+		case c.charge[i] == 0 || applied&(1<<i) != 0:
+		case !g.lims[i].window || e.win == c.cwin[i]:
 			e.debt += c.charge[i]
+		case g.dropped != nil: // its window has ended
+			g.dropped(i, c.cwin[i], c.charge[i])
 		}
 	}
 }
@@ -375,14 +390,19 @@ func (g *ledger) lockOutage(c *ledgerCall, key string, states []ratelimit.LimitS
 // admitLocal notes, k locked, that the fallback limiter admitted c.n
 // events, having been asked at t (µs), with the limits' states in states
 // (a ResetAfter of 0: its window not known): they count in the window
-// each limit counted them in, and are owed to Redis.
+// each limit counted them in, and are owed to Redis. An admission in a
+// window that has ended since (the entry is in a later one: a decision
+// that was slow to come back) counts in the later one, the safe side.
 func (g *ledger) admitLocal(k *ledgerKey, c *ledgerCall, t int64, states []ratelimit.LimitState) {
 	for i := range g.lims {
 		e := &k.w[i]
 		if g.lims[i].window {
-			if dw := g.decidedIn(i, c.win[i], t, states[i].ResetAfter); dw > e.win {
-				e.moveTo(dw) // the fallback counted it in the next window
+			switch dw := g.decidedIn(i, c.win[i], t, states[i].ResetAfter); {
+			case dw > e.win:
+				g.moveTo(i, e, dw) // the fallback counted it in the next window
 				g.caution(i, e)
+			case dw < e.win && g.dropped != nil:
+				g.dropped(i, dw, c.n) // not charged to its own window
 			}
 			e.used += c.n
 		}
@@ -413,15 +433,18 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 		if !g.lims[i].window {
 			continue
 		}
-		if dw := g.decidedIn(i, c.win[i], c.now, states[i].ResetAfter); dw > e.win {
+		dw := g.decidedIn(i, c.win[i], c.now, states[i].ResetAfter)
+		if dw > e.win {
 			// Redis counted it in the next window: it is that window's
-			e.moveTo(dw)
+			g.moveTo(i, e, dw)
 			if admitted && g.cautious(i, dw) {
 				g.caution(i, e)
 				e.used += c.n
 			}
 		}
-		e.free = int64(states[i].Remaining)
+		if dw == e.win { // (not a window that has ended since)
+			e.free = int64(states[i].Remaining)
+		}
 	}
 }
 
@@ -440,7 +463,7 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	var charged bool
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
 		var err error
-		res, charged, err = l.callLedger(ctx, base, n, c.win[0], c.charge[0], args)
+		res, charged, err = l.callLedger(ctx, base, n, c.cwin[0], c.charge[0], args)
 		return err
 	})
 	switch {
@@ -508,7 +531,7 @@ func (l *Limiter) chargeLedger(ctx context.Context, key, base string, c *ledgerC
 	var charged bool
 	fallback, err := l.fail.run(ctx, func(ctx context.Context) error {
 		var err error
-		res, charged, err = l.callLedger(ctx, base, 0, c.win[0], c.charge[0], args)
+		res, charged, err = l.callLedger(ctx, base, 0, c.cwin[0], c.charge[0], args)
 		return err
 	})
 	var d ratelimit.Decision
