@@ -390,37 +390,61 @@ func (g *ledger) lockOutage(c *ledgerCall, key string, states []ratelimit.LimitS
 // admitLocal notes, k locked, that the fallback limiter admitted c.n
 // events, having been asked at t (µs), with the limits' states in states
 // (a ResetAfter of 0: its window not known): they count in the window
-// each limit counted them in, and are owed to Redis. An admission in a
-// window that has ended since (the entry is in a later one: a decision
-// that was slow to come back) counts in the later one, the safe side.
-func (g *ledger) admitLocal(k *ledgerKey, c *ledgerCall, t int64, states []ratelimit.LimitState) {
+// each limit counted them in, and are owed to Redis. It reports false,
+// noting nothing, when the fallback counted them in a window whose budget
+// lockOutage did not check and that cannot take them (one begun since:
+// the decision crossed its start) or that it can no longer check (one the
+// entry has left); the caller refuses them then, states marking the
+// limits that did (the fallback keeps them counted: the safe side).
+func (g *ledger) admitLocal(k *ledgerKey, c *ledgerCall, t int64, states []ratelimit.LimitState) bool {
+	ok := true
+	for i := range g.lims {
+		if !g.lims[i].window {
+			continue
+		}
+		e := &k.w[i]
+		dw := g.decidedIn(i, c.win[i], t, states[i].ResetAfter)
+		if dw > e.win {
+			g.moveTo(i, e, dw) // the fallback counted it in the next window
+			g.caution(i, e)
+		}
+		if dw < e.win || e.used+c.n > e.budget {
+			refuseState(&states[i])
+			ok = false
+		}
+	}
+	if !ok {
+		return false
+	}
 	for i := range g.lims {
 		e := &k.w[i]
 		if g.lims[i].window {
-			switch dw := g.decidedIn(i, c.win[i], t, states[i].ResetAfter); {
-			case dw > e.win:
-				g.moveTo(i, e, dw) // the fallback counted it in the next window
-				g.caution(i, e)
-			case dw < e.win && g.dropped != nil:
-				g.dropped(i, dw, c.n) // not charged to its own window
-			}
 			e.used += c.n
 		}
 		if g.lims[i].charged {
 			e.debt += c.n
 		}
 	}
+	return true
+}
+
+// refuseState makes s a refusal until its window's end.
+func refuseState(s *ratelimit.LimitState) {
+	s.Allowed, s.Remaining, s.RetryAfter = false, 0, s.ResetAfter
 }
 
 // end closes a decision Redis answered at now, admitted or not, with the
 // limits' states in states. The outage under way, if one is, ends (the
 // call may have been sent during it: a window that began before is
 // cautious). A charge Redis applied (bit i of charged) is owed no more;
-// the others are owed again.
-// What begin reserved stays counted in an admission; each window limit's
-// decision counts in the window Redis counted it in, whose remainder the
-// entry notes.
-func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charged uint16, states []ratelimit.LimitState) {
+// the others are owed again. What begin reserved stays counted in an
+// admission; each window limit's decision counts in the window Redis
+// counted it in, whose remainder the entry notes. An admission Redis
+// counted in a cautious window begun since begin reserved must fit that
+// window's budget too: when it does not, end reports false and marks the
+// limits in states, and the caller refuses it (Redis keeps it counted:
+// the safe side).
+func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charged uint16, states []ratelimit.LimitState) bool {
 	g.up(now)
 	k := g.lock(key, c.win[:len(g.lims)]...)
 	defer k.mu.Unlock()
@@ -428,6 +452,7 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 		g.unreserve(k, c)
 	}
 	g.restore(k, c, charged)
+	ok := true
 	for i := range g.lims {
 		e := &k.w[i]
 		if !g.lims[i].window {
@@ -435,17 +460,24 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 		}
 		dw := g.decidedIn(i, c.win[i], c.now, states[i].ResetAfter)
 		if dw > e.win {
-			// Redis counted it in the next window: it is that window's
-			g.moveTo(i, e, dw)
-			if admitted && g.cautious(i, dw) {
-				g.caution(i, e)
-				e.used += c.n
-			}
+			g.moveTo(i, e, dw) // Redis counted it in the next window
 		}
 		if dw == e.win { // (not a window that has ended since)
 			e.free = int64(states[i].Remaining)
 		}
+		if admitted && dw > c.win[i] && g.cautious(i, dw) {
+			if dw == e.win {
+				g.caution(i, e)
+			}
+			if dw < e.win || e.used+c.n > e.budget {
+				refuseState(&states[i])
+				ok = false
+			} else {
+				e.used += c.n
+			}
+		}
 	}
+	return ok
 }
 
 // decideLedger is AllowN of a FailLocal Limiter of a window algorithm.
@@ -477,8 +509,10 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 		t := nowUS(l.clock)
 		d, err := l.fail.decide(ctx, l.limit, l.alg, key, n)
 		if err == nil && d.Allowed {
-			st[0].ResetAfter = d.ResetAfter
-			g.admitLocal(k, &c, t, st[:])
+			st[0] = ratelimit.LimitState{Limit: l.limit, Algorithm: l.alg, Allowed: true, Remaining: d.Remaining, ResetAfter: d.ResetAfter}
+			if !g.admitLocal(k, &c, t, st[:]) {
+				return single(&st[0]), nil
+			}
 		}
 		return d, err
 	case err != nil:
@@ -497,8 +531,11 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	if charged {
 		bits = 1
 	}
-	st[0] = ratelimit.LimitState{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter}
-	g.end(&c, key, nowUS(l.clock), d.Allowed, bits, st[:])
+	st[0] = ratelimit.LimitState{Limit: l.limit, Algorithm: l.alg, Allowed: d.Allowed, Remaining: d.Remaining,
+		RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
+	if !g.end(&c, key, nowUS(l.clock), d.Allowed, bits, st[:]) {
+		return single(&st[0]), nil
+	}
 	return d, nil
 }
 

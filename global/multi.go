@@ -185,16 +185,21 @@ func (m *Multi) decideLedger(ctx context.Context, key, base string, now any, n i
 			ls := d.Limits()
 			if len(ls) != k { // a fallback of one limit: the windows as asked
 				var none [ratelimit.MaxLimits]ratelimit.LimitState
-				ls = none[:k]
+				if !g.admitLocal(lk, &c, t, none[:k]) {
+					return ratelimit.Decision{Limit: d.Limit, Algorithm: d.Algorithm}, nil
+				}
+			} else if !g.admitLocal(lk, &c, t, ls) {
+				return ratelimit.Combine(&ls), nil
 			}
-			g.admitLocal(lk, &c, t, ls)
 		}
 		return d, err
 	case err != nil:
 		g.abort(&c, key)
 		return ratelimit.Decision{}, err
 	}
-	g.end(&c, key, nowUS(m.clock), d.Allowed, charged, *states)
+	if !g.end(&c, key, nowUS(m.clock), d.Allowed, charged, *states) {
+		return ratelimit.Combine(states), nil
+	}
 	return d, nil
 }
 
