@@ -167,3 +167,45 @@ func TestLedgerMulti(t *testing.T) {
 	}
 	k.mu.Unlock()
 }
+
+// An admission counted in another window than the one its budget was
+// checked in: by Redis in a cautious window begun since, whose budget
+// another decision has spent, it is refused (Redis keeps it counted); by
+// the fallback in a window the key's entry has left, it is refused too.
+func TestLedgerCrossing(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	g := newLedger([]ratelimit.Limit{{Rate: 1000, Period: time.Second}}, []ratelimit.Algorithm{ratelimit.FixedWindow}, 0, func() int { return 4 })
+	g.down(5*sec + 300_000) // an outage under way: windows 5 on are cautious
+	st := make([]ratelimit.LimitState, 1)
+
+	var c ledgerCall
+	if !g.begin(&c, "x", 5*sec+999_000, 1, st) {
+		t.Fatal("refused in a fresh window's budget")
+	}
+	k := g.lock("x", 6) // meanwhile another decision spends window 6's budget
+	g.caution(0, &k.w[0])
+	k.w[0].used = k.w[0].budget
+	k.mu.Unlock()
+	st[0] = ratelimit.LimitState{Allowed: true, Remaining: 10, ResetAfter: 500 * time.Millisecond} // Redis counted it in window 6
+	if g.end(&c, "x", 6*sec+1, true, 0, st) || st[0].Allowed || st[0].RetryAfter != 500*time.Millisecond {
+		t.Errorf("an admission past window 6's spent budget not refused: %+v", st[0])
+	}
+
+	k = g.lock("y", 6)
+	g.caution(0, &k.w[0])
+	k.mu.Unlock()
+	c = ledgerCall{}
+	if !g.begin(&c, "y", 5*sec+500_000, 1, st) {
+		t.Fatal("refused within window 6's budget")
+	}
+	if k = g.lockOutage(&c, "y", st); k == nil {
+		t.Fatal("refused within window 6's budget")
+	}
+	st[0] = ratelimit.LimitState{Allowed: true, ResetAfter: 400 * time.Millisecond} // the fallback counted it in window 5
+	ok := g.admitLocal(k, &c, 5*sec+600_000, st)
+	debt := k.w[0].debt
+	k.mu.Unlock()
+	if ok || st[0].Allowed || debt != 0 {
+		t.Errorf("an admission in a window the entry has left noted (debt %d): %+v", debt, st[0])
+	}
+}
