@@ -71,6 +71,7 @@ type Limiter struct {
 	fail    *failure      // nil unless WithFailureMode was given
 	ledger  *ledger       // FailLocal with a window algorithm: the outage bound (ledger.go)
 	buckets *bucketLedger // FailLocal with a bucket: what local admissions owe (ledger.go)
+	plain   *plainPath    // FixedWindow: decisions as plain commands (plain.go)
 	set     limitSet      // the one limit, for Reserve
 }
 
@@ -111,6 +112,9 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 		case ratelimit.TokenBucket, ratelimit.GCRA:
 			l.buckets = newBucketLedger()
 		}
+	}
+	if c.alg == ratelimit.FixedWindow {
+		l.plain = newPlainPath(client, limit.Period, c.clock != nil)
 	}
 	l.set = newLimitSet([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, false)
 	kind := script.Kind(c.alg, limit) // the last ARGV of every script
@@ -193,41 +197,61 @@ func (l *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	return l.decision(res)
 }
 
-// take decides n units of a FixedWindow key with take.lua, the hybrid's
-// exact call: a few commands, no shared prelude (a fixed window needs
-// none of it), so about half the Redis CPU of the algorithm scripts. It
-// first adds use units admitted on credit to window win, when that is the
-// current one (reporting whether it did), and returns the reply as the
-// algorithm scripts give it: allowed, remaining, retry and reset (µs).
+// take decides n units of a FixedWindow key: as plain commands when it
+// can (plain.go), else with take.lua, the hybrid's exact call: a few
+// commands, no shared prelude (a fixed window needs none of it), so about
+// half the Redis CPU of the algorithm scripts. It first adds use units
+// admitted on credit to window win, when that is the current one
+// (reporting whether it did), and returns the reply as the algorithm
+// scripts give it: allowed, remaining, retry and reset (µs), and then the
+// window it counted in (reset, taken from an estimate of Redis' clock on
+// the plain path, cannot tell it near a window's end).
 func (l *Limiter) take(ctx context.Context, base string, n int, win, use int64) ([]int64, bool, error) {
+	var charged bool
+	if l.plain != nil {
+		res, ch, ok, err := l.takePlain(ctx, base, n, win, use)
+		if ok || err != nil {
+			return res, ch, err
+		}
+		if ch {
+			use, charged = 0, true // counted by a reply that came too late to decide
+		}
+	}
 	a := script.TakeArgs{Base: base, Kind: l.kind, Limit: l.limit, N: int64(n), AdjustIdx: win, Use: use}
 	if l.clock != nil {
 		a.Now = l.clock().UnixMicro()
 	}
+	var before int64
+	if l.plain != nil {
+		before = l.plain.mono()
+	}
 	v, err := script.Take.Run(ctx, l.client, a.Keys(), a.Args()...).Result()
 	if err != nil {
-		return nil, false, err
+		return nil, charged, err
 	}
 	r, err := script.ParseTake(v)
 	if err != nil {
-		return nil, false, err
+		return nil, charged, err
+	}
+	if l.plain != nil && a.Now == 0 {
+		l.plain.observe(r.Now, before, l.plain.mono())
 	}
 	p := int64(l.limit.Period / time.Microsecond)
 	reset := (r.Idx+1)*p - r.Now
-	res := []int64{0, int64(l.limit.Rate) - r.Count, reset, reset}
+	res := []int64{0, int64(l.limit.Rate) - r.Count, reset, reset, r.Idx}
 	if r.Admitted {
 		res[0], res[2] = 1, 0
 	}
-	return res, r.Adjusted, nil
+	return res, r.Adjusted || charged, nil
 }
 
 func wrapScriptErr(alg ratelimit.Algorithm, err error) error {
 	return fmt.Errorf("global: %v script: %w", alg, err)
 }
 
-// decision reads a script's reply.
+// decision reads a script's reply (or take's, which adds a fifth value).
 func (l *Limiter) decision(res []int64) (ratelimit.Decision, error) {
-	if len(res) != 4 {
+	if len(res) != 4 && len(res) != 5 {
 		return ratelimit.Decision{}, fmt.Errorf("global: %v script returned %d values, want 4", l.alg, len(res))
 	}
 	return ratelimit.Decision{

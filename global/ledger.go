@@ -232,6 +232,8 @@ type ledgerCall struct {
 	cautious uint16                             // bit i: limit i's window is cautious, n reserved in it
 	charge   [ratelimit.MaxLimits]int64         // of each limit's debt, what the call carries to Redis
 	cwin     [ratelimit.MaxLimits]int64         // and the window it is owed to (the entry's, maybe later than win)
+	exact    uint16                             // bit i: counted[i] is the window Redis counted limit i in
+	counted  [ratelimit.MaxLimits]int64         // (a reply that says: take's; else read from ResetAfter)
 }
 
 // The debt a call carries is taken out of its entry while the call is on
@@ -459,6 +461,12 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 			continue
 		}
 		dw := g.decidedIn(i, c.win[i], c.now, states[i].ResetAfter)
+		if c.exact&(1<<i) != 0 {
+			// (a ResetAfter from an estimate of Redis' clock, as on
+			// take's plain path, can put it a microsecond past the
+			// window's end)
+			dw = max(c.win[i], c.counted[i])
+		}
 		if dw > e.win {
 			g.moveTo(i, e, dw) // Redis counted it in the next window
 		}
@@ -531,6 +539,9 @@ func (l *Limiter) decideLedger(ctx context.Context, key, base string, n int, arg
 	if charged {
 		bits = 1
 	}
+	if l.alg == ratelimit.FixedWindow && len(res) == 5 {
+		c.exact, c.counted[0] = 1, res[4] // take's window
+	}
 	st[0] = ratelimit.LimitState{Limit: l.limit, Algorithm: l.alg, Allowed: d.Allowed, Remaining: d.Remaining,
 		RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter}
 	if !g.end(&c, key, nowUS(l.clock), d.Allowed, bits, st[:]) {
@@ -582,6 +593,9 @@ func (l *Limiter) chargeLedger(ctx context.Context, key, base string, c *ledgerC
 	var bits uint16
 	if charged {
 		bits = 1
+	}
+	if l.alg == ratelimit.FixedWindow && len(res) == 5 {
+		c.exact, c.counted[0] = 1, res[4] // take's window
 	}
 	st := [1]ratelimit.LimitState{{Remaining: d.Remaining, ResetAfter: d.ResetAfter}}
 	g.end(c, key, nowUS(l.clock), false, bits, st[:])

@@ -54,7 +54,7 @@ func (lc *lockedCounter) apply(p *params, k *leaseCall, r reply, x exchange, f f
 func (w windows) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x exchange, f fleet) effects {
 	a, r := &k.win, &rep.win
 	p := w.p
-	end := f.clock.end(r.Idx, r.Reset, x.before, x.after) // window r.Idx's end
+	end := f.clock.End(r.Idx, r.Reset, x.before, x.after) // window r.Idx's end
 	var e effects
 	_, e.visit = lc.roll(p, x.after, f)
 	if a.Want > 0 || r.Grant > 0 {
@@ -116,7 +116,7 @@ func (lc *lockedCounter) putGrant(p *params, idx, g, start, end, now int64, f fl
 		nl.grow(cur.avail.Swap(0))
 		lc.old = append(lc.old, cur)
 		lc.blockedUntil.Store(0)
-	case now >= start-f.clock.errorBound() && (cur == nil || cur.idx < idx):
+	case now >= start-f.clock.ErrorBound() && (cur == nil || cur.idx < idx):
 		// The window has begun: a new current lease, which takes over the
 		// quota leased ahead for it, if any (given back, it would come too
 		// late for callers already told the window is spent).

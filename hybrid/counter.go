@@ -206,7 +206,7 @@ func (lc *lockedCounter) roll(p *params, now int64, f fleet) (rolled bool, v vis
 	switch {
 	case cur != nil && cur.idx < nl.idx && now < cur.end:
 		return false, visitNone // the current window still runs
-	case cur == nil && now < nl.start-f.clock.errorBound():
+	case cur == nil && now < nl.start-f.clock.ErrorBound():
 		return false, visitNone
 	}
 	lc.next = nil

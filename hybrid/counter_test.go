@@ -14,7 +14,10 @@ import (
 // every reply is written out as Redis would give it. Redis time equals the
 // Limiter's time (mono), so window i of period P spans [i*P, (i+1)*P).
 
-const sec = int64(time.Second) // ms is clock_test.go's
+const (
+	sec = int64(time.Second)
+	ms  = int64(time.Millisecond)
+)
 
 // keyTest is one key's state machine under test.
 type keyTest struct {
@@ -33,7 +36,7 @@ func newKeyTest(t *testing.T, limit ratelimit.Limit, set ...func(*config)) *keyT
 	}
 	p := newParams(limit, cfg)
 	return &keyTest{t: t, p: p, c: &counter{key: "k", lead: p.leadOf("k")},
-		f: fleet{instances: 1, tickGap: p.interval, lastGap: p.interval, breaker: breaker.Closed, clock: clockView{periodUS: p.periodUS}}}
+		f: fleet{instances: 1, tickGap: p.interval, lastGap: p.interval, breaker: breaker.Closed, clock: clockView{PeriodUS: p.periodUS}}}
 }
 
 func algorithm(a ratelimit.Algorithm) func(*config) { return func(c *config) { c.algorithm = a } }

@@ -161,41 +161,25 @@ func (e *exactCall) plainRequest() request {
 // count it in. With WithClock (serverUS > 0) every call counts at the
 // time it is given, so the window is that time's. Otherwise Redis counts
 // at its own clock (TIME), which this instance knows within clk's error
-// bound: the call is made within the window by that bound, so Redis runs
-// it no earlier than the window's start; a reply read too near the
-// window's end to be sure Redis ran it before the end decides nothing
-// (see late).
+// bound (srvclock.View.Certain); a reply read too near the window's end
+// to be sure Redis ran it before the end decides nothing (see late).
 func plainWindow(p *params, serverUS, at int64, clk clockView) (bool, int64) {
 	if serverUS > 0 {
 		return true, floorDiv(serverUS, p.periodUS)
 	}
-	if clk.errorBound() <= 0 {
-		return false, 0 // no sample of Redis time yet
-	}
-	margin := clk.errorBound() + plainMargin
-	idx, end := clk.window(at - margin)
-	if end-p.periodNS > at-margin || at+margin >= end {
-		return false, 0
-	}
-	return true, idx
+	return clk.Certain(at)
 }
 
 // late reports whether e, a plain increment with its reply, may have run
-// after its window ended by Redis' clock (its reply was read within the
-// clock's error bound of the end): then it counted in a window that was
-// over, and decides nothing; its units are owed back and the decision is
-// taken again.
+// after its window ended by Redis' clock (srvclock.View.Late): then it
+// counted in a window that was over, and decides nothing; its units are
+// owed back and the decision is taken again.
 func (e *exactCall) late(clk clockView) bool {
 	if !e.plain || e.take.Now > 0 || e.res.err != nil || !e.res.plain {
 		return false
 	}
-	end := clk.monoAt((e.res.take.Idx + 1) * int64(e.take.Limit.Period/time.Microsecond))
-	return e.x.after+max(clk.errorBound(), 0)+plainMargin >= end
+	return clk.Late(e.res.take.Idx, e.x.after)
 }
-
-// plainMargin is what plainWindow adds to the server clock's error bound:
-// for the local clock's drift since the bound was taken, and rounding.
-const plainMargin = int64(time.Millisecond)
 
 func floorDiv(a, b int64) int64 {
 	q := a / b
@@ -300,7 +284,7 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 			e.plain = true
 			e.serverUS = id.now
 			if e.serverUS <= 0 {
-				e.serverUS = f.clock.serverAt(at)
+				e.serverUS = f.clock.ServerAt(at)
 			}
 		}
 		return e
@@ -368,12 +352,12 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		// the window's end by the estimate of Redis time (with WithClock's
 		// time, as for take.lua: the reply's Now is that time)
 		r := e.res.take
-		end = f.clock.monoAt((r.Idx + 1) * p.periodUS)
+		end = f.clock.MonoAt((r.Idx + 1) * p.periodUS)
 		remaining, retry = p.rate-r.Count, end-now
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case e.fw:
 		r := e.res.take
-		end = f.clock.end(r.Idx, (r.Idx+1)*p.periodUS-r.Now, x.before, x.after)
+		end = f.clock.End(r.Idx, (r.Idx+1)*p.periodUS-r.Now, x.before, x.after)
 		remaining, retry = p.rate-r.Count, end-now
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case p.bucket:
@@ -383,7 +367,7 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		lc.setLevel(lc.cur.Load(), r.Level)
 	default:
 		r := e.res.win
-		end = f.clock.end(r.Idx, r.Reset, x.before, x.after)
+		end = f.clock.End(r.Idx, r.Reset, x.before, x.after)
 		remaining, retry = p.rate-r.Count, x.before+r.Retry*1000-now
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	}

@@ -20,7 +20,7 @@ func CreditShare(h *Limiter, key string) int64 {
 	now, f := h.mono(), h.facts()
 	lc := c.lock()
 	defer lc.unlock()
-	idx, _ := f.clock.window(now)
+	idx, _ := f.clock.Window(now)
 	if l := lc.cur.Load(); l != nil && now < l.end {
 		idx = l.idx
 	}

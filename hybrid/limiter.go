@@ -129,7 +129,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
 	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
 	h.asks = newRouter(client, func() *queue {
-		gap := func() time.Duration { return gapFor(2 * time.Duration(h.clk.errorBound())) } // the kept sample's round trip
+		gap := func() time.Duration { return gapFor(2 * time.Duration(h.clk.ErrorBound())) } // the kept sample's round trip
 		return &queue{maxInFlight: pipelinesPerNode, gap: gap, mono: h.mono, wg: &h.inflight, send: func(batch []queued) {
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
 			defer cancel()
@@ -315,7 +315,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 			fire = timer.C
 		}
 		e, err := h.ask(ctx, c, n, now, fire, expired)
-		if err == nil && e != nil && e.late(h.clk.view()) {
+		if err == nil && e != nil && e.late(h.clk.View()) {
 			// counted, perhaps in the window after its own: given back,
 			// and the decision taken again
 			lc := c.lock()
@@ -436,7 +436,7 @@ func (h *Limiter) facts() fleet {
 		lastGap:    h.health.lastGap.Load(),
 		draining:   h.draining.Load() > 0,
 		breaker:    h.health.brk.State(),
-		clock:      h.clk.view(),
+		clock:      h.clk.View(),
 		outageFrom: h.health.outageFrom.Load(),
 		outageTo:   h.health.outageTo.Load(),
 	}

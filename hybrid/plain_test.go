@@ -13,7 +13,7 @@ import (
 // window; with WithClock's time, always, in that time's window.
 func TestPlainWindow(t *testing.T) {
 	k := newKeyTest(t, perSecond1000)
-	clk := clockView{periodUS: k.p.periodUS, errNS: 50 * int64(time.Microsecond)}
+	clk := clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	for _, c := range []struct {
 		at    int64
 		plain bool
@@ -29,10 +29,10 @@ func TestPlainWindow(t *testing.T) {
 			t.Errorf("at %v: plain %v window %d; want %v, window 10", time.Duration(c.at), plain, idx, c.plain)
 		}
 	}
-	if plain, _ := plainWindow(k.p, 0, 10*sec+100*ms, clockView{periodUS: k.p.periodUS}); plain {
+	if plain, _ := plainWindow(k.p, 0, 10*sec+100*ms, clockView{PeriodUS: k.p.periodUS}); plain {
 		t.Error("plain before any sample of Redis time")
 	}
-	if plain, idx := plainWindow(k.p, 10_999_999, 0, clockView{periodUS: k.p.periodUS}); !plain || idx != 10 {
+	if plain, idx := plainWindow(k.p, 10_999_999, 0, clockView{PeriodUS: k.p.periodUS}); !plain || idx != 10 {
 		t.Errorf("WithClock's time: plain %v window %d; want window 10", plain, idx)
 	}
 }
@@ -43,7 +43,7 @@ func TestPlainWindow(t *testing.T) {
 // and over it the units are owed back.
 func TestPlainIncrement(t *testing.T) {
 	k := newKeyTest(t, perSecond1000)
-	k.f.clock = clockView{periodUS: k.p.periodUS, errNS: 50 * int64(time.Microsecond)}
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	now := 10*sec + 100*ms
 	lc := k.c.lock()
 	lc.owe(10, 4, 0)
@@ -102,7 +102,7 @@ func TestPlainIncrement(t *testing.T) {
 // nothing, and its units are owed back.
 func TestPlainLate(t *testing.T) {
 	k := newKeyTest(t, perSecond1000)
-	k.f.clock = clockView{periodUS: k.p.periodUS, errNS: 50 * int64(time.Microsecond)}
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	now := 10*sec + 900*ms
 	lc := k.c.lock()
 	e := lc.newExact(k.p, k.id(), 1, now, now, k.f)
@@ -119,7 +119,7 @@ func TestPlainLate(t *testing.T) {
 		t.Errorf("debts %+v; want its unit back to window 10", got)
 	}
 	// take.lua's reply is never late: Redis chose the window.
-	k.f.clock.errNS = 0
+	k.f.clock.ErrNS = 0
 	lc = k.c.lock()
 	e = lc.newExact(k.p, k.id(), 1, now, now, k.f)
 	lc.unlock()

@@ -48,7 +48,7 @@ func (w windows) window(lc *lockedCounter, now int64, f fleet) (idx, end int64) 
 	if l := lc.cur.Load(); l != nil && l.known && now < l.end {
 		return l.idx, l.end
 	}
-	return f.clock.window(now)
+	return f.clock.Window(now)
 }
 
 // obsolete: a FixedWindow counter once its window ended, a SlidingWindow one
@@ -58,7 +58,7 @@ func (w windows) obsolete(idx, now int64, f fleet) bool {
 	if w.p.alg == ratelimit.SlidingWindow {
 		last = idx + 2
 	}
-	return now >= f.clock.monoAt(last*w.p.periodUS)
+	return now >= f.clock.MonoAt(last*w.p.periodUS)
 }
 
 // creditLease: a lease on the estimated window, never one this key left.
@@ -67,7 +67,7 @@ func (w windows) creditLease(lc *lockedCounter, now int64, f fleet) *lease {
 		lc.cur.Store(nil)
 		lc.retireAndStep(w.p, l, now, f) // its window is over: never estimate back into it
 	}
-	idx, end := f.clock.window(now)
+	idx, end := f.clock.Window(now)
 	if idx < lc.nextIdx {
 		// The offset to Redis time jitters by a round trip; an estimate must
 		// never step back into a window this counter already left, or that

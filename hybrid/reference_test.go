@@ -332,7 +332,7 @@ func testParams(limit ratelimit.Limit, alg ratelimit.Algorithm) (*params, fleet)
 	cfg.instances = 1
 	cfg.algorithm = alg
 	p := newParams(limit, cfg)
-	return p, fleet{instances: 1, tickGap: p.interval, clock: clockView{periodUS: p.periodUS}}
+	return p, fleet{instances: 1, tickGap: p.interval, clock: clockView{PeriodUS: p.periodUS}}
 }
 
 func realState(c *counter) state {

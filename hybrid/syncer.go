@@ -162,9 +162,9 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 			switch {
 			case q.fw && r.plain && q.take.Now <= 0: // (Now is the estimate: no sample)
 			case q.fw:
-				h.clk.observe(r.take.Now, x.before, x.after)
+				h.clk.Observe(r.take.Now, x.before, x.after)
 			case !q.call.bucket:
-				h.clk.observe(r.win.Now, x.before, x.after)
+				h.clk.Observe(r.win.Now, x.before, x.after)
 			}
 		}
 		if !q.answered(r, x) { // the decision left: what the call counted goes back
@@ -181,7 +181,7 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 // ahead of the next window, say).
 func (h *Limiter) applyReply(k *leaseCall, r reply, x exchange) {
 	if !k.bucket {
-		h.clk.observe(r.win.Now, x.before, x.after)
+		h.clk.Observe(r.win.Now, x.before, x.after)
 	}
 	f := h.facts()
 	lc := k.c.lock()

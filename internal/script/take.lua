@@ -2,7 +2,7 @@
 -- seldom (a cold key), for FixedWindow: as global's FixedWindow script,
 -- n units are added to the current window's counter when they fit under
 -- the limit, and a denial changes nothing. The counter is the one global's
--- script and the lease script count in, whatever its type. Lighter than
+-- scripts and the lease script count in, whatever its type. Lighter than
 -- the lease script: no replay record (a take is never sent twice), nothing
 -- to size.
 --
@@ -43,18 +43,24 @@ local adj_idx, refund, use = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV
 local idx = math.floor(now / P)
 if idx * P > now then idx = idx - 1 elseif (idx + 1) * P <= now then idx = idx + 1 end
 local k = base .. kind .. ':' .. string.format('%d', idx)
--- the counter: a string global's scripts and this one write, or a hash
--- the lease script wrote (field c). Written blind (INCRBY, which meets
--- WRONGTYPE on a hash), so that an admission costs one command, not a
--- read and a write; what lands over the limit is taken back at once.
-local hash = false
+-- the counter: a hash (field c) the lease script, the hybrid's and
+-- global's plain increments and this script write, or a string other
+-- scripts of global write. Written blind (HINCRBY, which meets WRONGTYPE
+-- on a string), so that an admission costs one command, not a read and a
+-- write; what lands over the limit is taken back at once. A counter this
+-- script makes is a hash, so that the plain increments, which are
+-- HINCRBY, can follow.
+local hash = nil -- not known yet
 local function incr(d)
-  if not hash then
-    local v = redis.pcall('INCRBY', k, d)
-    if type(v) ~= 'table' then return tonumber(v) end
-    hash = true
+  if hash ~= false then
+    local v = redis.pcall('HINCRBY', k, 'c', d)
+    if type(v) ~= 'table' then
+      hash = true
+      return tonumber(v)
+    end
+    hash = false
   end
-  return tonumber(redis.call('HINCRBY', k, 'c', d))
+  return tonumber(redis.call('INCRBY', k, d))
 end
 local fresh = false -- the counter was 0 (or absent): set its expiry
 local c = nil
@@ -64,10 +70,10 @@ local function write(d)
   c = after
 end
 local function read()
-  local v = redis.pcall('GET', k)
+  local v = redis.pcall('HGET', k, 'c')
   if type(v) == 'table' then
-    hash = true
-    v = redis.call('HGET', k, 'c')
+    hash = false
+    v = redis.call('GET', k)
   end
   return tonumber(v or '0')
 end

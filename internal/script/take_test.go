@@ -40,9 +40,9 @@ func TestTake(t *testing.T) {
 	k := script.WindowKey(l.base, l.kind, 1000)
 	ttl := c.PTTL(ctx, k).Val()
 	require.InDelta(t, float64(1700*time.Millisecond), float64(ttl), float64(50*time.Millisecond), "the window's remaining 700ms and a second of grace")
-	require.Equal(t, "string", c.Type(ctx, k).Val())
+	require.Equal(t, "hash", c.Type(ctx, k).Val(), "the counter the plain increments (HINCRBY) and the lease script write")
 
-	// a counter the lease script made a hash
+	// the lease script counts in the same hash
 	l.call(script.LeaseArgs{Now: now, Want: 3, Min: 1, Nonce: "abcdef"})
 	require.Equal(t, "hash", c.Type(ctx, k).Val())
 	require.Equal(t, int64(5), l.count(1000))
@@ -61,6 +61,16 @@ func TestTake(t *testing.T) {
 	// an adjustment that creates the counter sets its expiry
 	require.Equal(t, script.TakeReply{Idx: 1002, Now: 1002 * sec, Count: 4, Adjusted: true}, take(1002*sec, 7, 1002, 0, 4))
 	require.Positive(t, c.PTTL(ctx, script.WindowKey(l.base, l.kind, 1002)).Val())
+
+	// a string counter (global's algorithm scripts write strings) is
+	// counted in as it is
+	ks := script.WindowKey(l.base, l.kind, 1003)
+	require.NoError(t, c.Set(ctx, ks, "5", time.Minute).Err())
+	require.Equal(t, script.TakeReply{Idx: 1003, Now: 1003 * sec, Count: 7, Admitted: true}, take(1003*sec, 2))
+	require.Equal(t, script.TakeReply{Idx: 1003, Now: 1003 * sec, Count: 7}, take(1003*sec, 4), "over the limit: denied, nothing counted")
+	require.Equal(t, "string", c.Type(ctx, ks).Val())
+	require.Equal(t, "7", c.Get(ctx, ks).Val())
+	require.Equal(t, script.TakeReply{Idx: 1003, Now: 1003 * sec, Count: 6, Admitted: true, Adjusted: true}, take(1003*sec, 1, 1003, 2, 0), "a refund read from a string")
 
 	// the next window, by the time passed in
 	require.Equal(t, script.TakeReply{Idx: 1001, Now: 1001 * sec, Count: 1, Admitted: true}, take(1001*sec, 1))
