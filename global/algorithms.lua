@@ -70,6 +70,32 @@ local function sliding_window(base, L, now, n)
   end
 end
 
+-- window_over adds over events to the counter of the current window of a
+-- window limit L (its kind and P) past the limit, saturating at 2^53, and
+-- keeps the counter span microseconds from its window's start: P, or 2P
+-- for a SlidingWindow, whose count weighs into the next window.
+local function window_over(base, L, now, over, span)
+  local idx = fdiv(now, L.P)
+  local key = wkey(base, L.kind, idx)
+  local c = wcount(key)
+  if c + over >= 9007199254740992 then over = 9007199254740992 - c end
+  if over > 0 then
+    wincr(key, over)
+    redis.call('PEXPIRE', key, expiry_ms(idx * L.P + span - now))
+  end
+end
+
+-- charge_window charges use events that an instance admitted without
+-- Redis in window idx0 to that window, when it is still the current one,
+-- and reports whether it did: a debt of a window that has ended is
+-- dropped by the caller, and one whose reply is lost is sent again (then
+-- counted twice at worst, the safe side).
+local function charge_window(base, L, now, idx0, use, span)
+  if use <= 0 or idx0 ~= fdiv(now, L.P) then return false end
+  window_over(base, L, now, use, span)
+  return true
+end
+
 -- The log is the sorted set L.key (score: admission time; member: a unique
 -- number from the counter L.key .. ':seq'). Stale entries are dropped only
 -- by an admission. Instants t + P can exceed 2^53 for a long Period, so

@@ -69,8 +69,9 @@
 // FailOpen allows, FailClosed denies, FailLocal asks the WithFallback
 // limiter. FailLocal also keeps the outage bound of docs/failure-modes.md:
 // a window the outage touches admits at most its last-known remainder
-// shared by the instances (WithInstances), and what was admitted locally
-// is charged to Redis when it is back (for the buckets, as an overdraft).
+// shared by the instances (WithInstances), for a Multi each limit's, and
+// what was admitted locally is charged to Redis when it is back (for the
+// buckets, as an overdraft).
 //
 // # Redis Cluster
 //

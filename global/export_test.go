@@ -9,3 +9,10 @@ func SetSettleLate(d time.Duration) (restore func()) {
 	settleLate = d
 	return func() { settleLate = old }
 }
+
+// OnDroppedDebt makes a FailLocal Limiter of a window algorithm call f
+// with the units it admitted locally in window win that no call charged to
+// Redis while that window lasted. f must be safe for concurrent use.
+func OnDroppedDebt(l *Limiter, f func(win, units int64)) {
+	l.ledger.dropped = func(_ int, win, units int64) { f(win, units) }
+}

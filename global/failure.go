@@ -55,6 +55,11 @@ func newFailure(c *config) (*failure, error) {
 	return f, nil
 }
 
+// settle is how long after an outage a window that begins stays cautious
+// for a FailLocal ledger: twice the breaker's open time and a timeout,
+// within which every instance's breaker should have closed.
+func (f *failure) settle() time.Duration { return 2 * (f.openFor + f.timeout) }
+
 // run calls fn, which calls Redis, under the failure policy of f: with a
 // deadline of f.timeout, and not at all while the breaker is open. It
 // reports fallback when the decision must be taken without Redis (the
@@ -181,10 +186,11 @@ func WithBreaker(failures int, openFor time.Duration) Option {
 	})
 }
 
-// WithInstances tells a FailLocal Limiter how many instances share the
-// limit (default 1): while Redis cannot answer, a window's last-known
-// remainder is shared among them, and a window that begins during the
-// outage gets Rate / n here (see docs/failure-modes.md). n must be >= 1.
+// WithInstances tells a FailLocal Limiter or Multi how many instances
+// share the limit (default 1): while Redis cannot answer, a window's
+// last-known remainder is shared among them, and a window that begins
+// during the outage gets Rate / n here, for each limit of a Multi (see
+// docs/failure-modes.md). n must be >= 1.
 func WithInstances(n int) Option {
 	return optionFunc(func(c *config) error {
 		if n < 1 {
@@ -211,15 +217,26 @@ func WithInstancesFunc(fn func() int) Option {
 // Degraded reports whether the circuit breaker of WithFailureMode is open:
 // decisions are being taken without Redis. It is false without
 // WithFailureMode.
-func (l *Limiter) Degraded() bool {
-	return l.fail != nil && l.fail.brk.State() != breaker.Closed
-}
+func (l *Limiter) Degraded() bool { return l.fail.degraded() }
 
 // FallbackDecisions returns how many decisions were taken without Redis
 // since New.
-func (l *Limiter) FallbackDecisions() uint64 {
-	if l.fail == nil {
+func (l *Limiter) FallbackDecisions() uint64 { return l.fail.decisions() }
+
+// Degraded reports whether the circuit breaker of WithFailureMode is open:
+// decisions are being taken without Redis. It is false without
+// WithFailureMode.
+func (m *Multi) Degraded() bool { return m.fail.degraded() }
+
+// FallbackDecisions returns how many decisions were taken without Redis
+// since NewMulti.
+func (m *Multi) FallbackDecisions() uint64 { return m.fail.decisions() }
+
+func (f *failure) degraded() bool { return f != nil && f.brk.State() != breaker.Closed }
+
+func (f *failure) decisions() uint64 {
+	if f == nil {
 		return 0
 	}
-	return l.fail.count.Load()
+	return f.count.Load()
 }

@@ -108,7 +108,7 @@ func New(client redis.UniversalClient, limit ratelimit.Limit, opts ...Option) (*
 	if l.fail != nil && l.fail.mode == ratelimit.FailLocal {
 		switch c.alg {
 		case ratelimit.FixedWindow, ratelimit.SlidingWindow:
-			l.ledger = newLedger(limit, c.alg, 2*(l.fail.openFor+l.fail.timeout), c.instancesFunc())
+			l.ledger = newLedger([]ratelimit.Limit{limit}, []ratelimit.Algorithm{c.alg}, l.fail.settle(), c.instancesFunc())
 		case ratelimit.TokenBucket, ratelimit.GCRA:
 			l.buckets = newBucketLedger()
 		}

@@ -59,6 +59,7 @@ type Multi struct {
 	prefix string
 	clock  func() time.Time
 	fail   *failure
+	ledger *ledger // FailLocal: the outage bound of each limit (ledger.go)
 }
 
 var _ ratelimit.MultiLimiter = (*Multi)(nil)
@@ -68,7 +69,9 @@ var _ ratelimit.MultiLimiter = (*Multi)(nil)
 // (one per limit, in order) or WithAlgorithm (the same for all); the
 // default is DefaultAlgorithm. Any algorithms may be mixed. The other
 // options are those of New; with WithFailureMode, FailLocal's fallback
-// should be a local.Multi of this instance's share of each limit.
+// should be a local.Multi of this instance's share of each limit, and
+// WithInstances (or WithInstancesFunc) the fleet's size: FailLocal keeps
+// each limit within the outage bound of a Limiter of it (see Limiter).
 //
 // It returns an error wrapping ratelimit.ErrInvalidLimit,
 // ErrInvalidAlgorithm or ErrInvalidOption for no limits, more than
@@ -88,6 +91,9 @@ func NewMulti(client redis.UniversalClient, limits []ratelimit.Limit, opts ...Op
 	m := &Multi{set: newLimitSet(limits, algs, true), client: client, prefix: c.prefix, clock: c.clock}
 	if m.fail, err = newFailure(&c); err != nil {
 		return nil, err
+	}
+	if m.fail != nil && m.fail.mode == ratelimit.FailLocal {
+		m.ledger = newLedger(limits, algs, m.fail.settle(), c.instancesFunc())
 	}
 	return m, nil
 }
@@ -124,10 +130,13 @@ func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states *[]rat
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
+	if m.ledger != nil {
+		return m.decideLedger(ctx, key, base, now, n, states)
+	}
 	var d ratelimit.Decision
 	fallback, err := m.fail.run(ctx, func(ctx context.Context) error {
 		var err error
-		d, _, err = m.set.take(ctx, m.client, base, now, n, states)
+		d, _, _, err = m.set.take(ctx, m.client, base, now, n, states, nil)
 		return err
 	})
 	switch {
@@ -137,6 +146,80 @@ func (m *Multi) AllowNInto(ctx context.Context, key string, n int, states *[]rat
 		return ratelimit.Decision{}, err
 	}
 	return d, nil
+}
+
+// decideLedger is AllowNInto of a FailLocal Multi: each limit within its
+// outage bound (ledger.go), and what the fallback admitted charged to
+// every limit with the key's next script call.
+func (m *Multi) decideLedger(ctx context.Context, key, base string, now any, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
+	g := m.ledger
+	k := len(m.set.limits)
+	states = check.States(states, k)
+	var c ledgerCall
+	var buf [2 * ratelimit.MaxLimits]int64
+	if !g.begin(&c, key, nowUS(m.clock), n, *states) {
+		if carry := c.charges(k, &buf); carry != nil {
+			m.chargeLedger(ctx, key, base, now, &c, carry)
+		}
+		return ratelimit.Combine(states), nil
+	}
+	carry := c.charges(k, &buf) // nil: no charge
+	var d ratelimit.Decision
+	var charged uint16
+	fallback, err := m.fail.run(ctx, func(ctx context.Context) error {
+		var err error
+		d, _, charged, err = m.set.take(ctx, m.client, base, now, n, states, carry)
+		return err
+	})
+	switch {
+	case fallback:
+		lk := g.lockOutage(&c, key, *states)
+		if lk == nil {
+			m.fail.count.Add(1)
+			return ratelimit.Combine(states), nil
+		}
+		defer lk.mu.Unlock()
+		t := nowUS(m.clock)
+		d, err := m.fail.decideMulti(ctx, &m.set, key, n, states)
+		if err == nil && d.Allowed {
+			ls := d.Limits()
+			if len(ls) != k { // a fallback of one limit: the windows as asked
+				var none [ratelimit.MaxLimits]ratelimit.LimitState
+				if !g.admitLocal(lk, &c, t, none[:k]) {
+					return ratelimit.Decision{Limit: d.Limit, Algorithm: d.Algorithm}, nil
+				}
+			} else if !g.admitLocal(lk, &c, t, ls) {
+				return ratelimit.Combine(&ls), nil
+			}
+		}
+		return d, err
+	case err != nil:
+		g.abort(&c, key)
+		return ratelimit.Decision{}, err
+	}
+	if !g.end(&c, key, nowUS(m.clock), d.Allowed, charged, *states) {
+		return ratelimit.Combine(states), nil
+	}
+	return d, nil
+}
+
+// chargeLedger sends what a decision the ledger refused carries, alone:
+// a decision of nothing with the charges, under the failure policy. Its
+// outcome is the ledger's only; a charge not applied is owed again.
+func (m *Multi) chargeLedger(ctx context.Context, key, base string, now any, c *ledgerCall, charges []int64) {
+	g := m.ledger
+	var states []ratelimit.LimitState
+	var charged uint16
+	fallback, err := m.fail.run(ctx, func(ctx context.Context) error {
+		var err error
+		_, _, charged, err = m.set.take(ctx, m.client, base, now, 0, &states, charges)
+		return err
+	})
+	if fallback || err != nil {
+		g.abort(c, key)
+		return
+	}
+	g.end(c, key, nowUS(m.clock), false, charged, states)
 }
 
 // Reserve decides as AllowN(ctx, key, estimate) (without the failure mode:
@@ -207,36 +290,54 @@ func (s *limitSet) check(prefix string, clock func() time.Time, key string, n in
 	return base, now, err
 }
 
-// args returns the ARGV of one multi.lua call.
-func (s *limitSet) args(op string, now any, n int, actual, t0 int64, id string, late bool) []any {
+// args returns the ARGV of one multi.lua call, with charges (two values
+// per limit, or none) after the limits.
+func (s *limitSet) args(op string, now any, n int, actual, t0 int64, id string, late bool, charges []int64) []any {
 	lateArg := 0
 	if late {
 		lateArg = 1
 	}
-	args := make([]any, 0, 8+len(s.spec))
+	args := make([]any, 0, 8+len(s.spec)+len(charges))
 	args = append(args, op, now, n, actual, t0, id, lateArg, SettleRecordTTL.Milliseconds())
-	return append(args, s.spec...)
+	args = append(args, s.spec...)
+	for _, v := range charges {
+		args = append(args, v)
+	}
+	return args
 }
 
 // take runs the script's take for n events at base and returns the
 // Decision, with the limits' states in *states (see check.States), and the
-// time the script used.
-func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base string, now any, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, int64, error) {
-	res, err := multiScript.Run(ctx, c, []string{base}, s.args("take", now, n, 0, 0, "", false)...).Int64Slice()
+// time the script used. charges, unless nil, are what this instance
+// admitted without Redis, two values per limit (the window, the events),
+// charged first; bit i of charged reports limit i's applied.
+func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base string, now any, n int, states *[]ratelimit.LimitState, charges []int64) (d ratelimit.Decision, t int64, charged uint16, err error) {
+	res, err := multiScript.Run(ctx, c, []string{base}, s.args("take", now, n, 0, 0, "", false, charges)...).Int64Slice()
 	if err != nil {
 		if cerr := callerEnded(ctx); cerr != nil {
-			return ratelimit.Decision{}, 0, cerr // the caller gave up, not Redis
+			return ratelimit.Decision{}, 0, 0, cerr // the caller gave up, not Redis
 		}
-		return ratelimit.Decision{}, 0, fmt.Errorf("global: multi-limit script: %w", err)
+		return ratelimit.Decision{}, 0, 0, fmt.Errorf("global: multi-limit script: %w", err)
 	}
 	k := len(s.limits)
-	if len(res) != 2+4*k {
-		return ratelimit.Decision{}, 0, fmt.Errorf("global: multi-limit script returned %d values, want %d", len(res), 2+4*k)
+	want := 2 + 4*k
+	if charges != nil {
+		want += k
+	}
+	if len(res) != want {
+		return ratelimit.Decision{}, 0, 0, fmt.Errorf("global: multi-limit script returned %d values, want %d", len(res), want)
+	}
+	if charges != nil {
+		for i, v := range res[2+4*k:] {
+			if v == 1 {
+				charged |= 1 << i
+			}
+		}
 	}
 	if s.single { // a Limiter's decision lists no Limits
 		r := res[2:]
 		return ratelimit.Decision{Allowed: r[0] == 1, Limit: s.limits[0], Algorithm: s.algs[0], Remaining: int(r[1]),
-			RetryAfter: time.Duration(r[2]) * time.Microsecond, ResetAfter: time.Duration(r[3]) * time.Microsecond}, res[0], nil
+			RetryAfter: time.Duration(r[2]) * time.Microsecond, ResetAfter: time.Duration(r[3]) * time.Microsecond}, res[0], charged, nil
 	}
 	states = check.States(states, k)
 	for i := range *states {
@@ -244,7 +345,7 @@ func (s *limitSet) take(ctx context.Context, c redis.UniversalClient, base strin
 		(*states)[i] = ratelimit.LimitState{Limit: s.limits[i], Algorithm: s.algs[i], Allowed: r[0] == 1,
 			Remaining: int(r[1]), RetryAfter: time.Duration(r[2]) * time.Microsecond, ResetAfter: time.Duration(r[3]) * time.Microsecond}
 	}
-	return ratelimit.Combine(states), res[0], nil
+	return ratelimit.Combine(states), res[0], charged, nil
 }
 
 // reserve is Reserve for the limits of s.
@@ -256,7 +357,7 @@ func (s *limitSet) reserve(ctx context.Context, c redis.UniversalClient, prefix 
 	if err != nil {
 		return nil, err
 	}
-	d, t0, err := s.take(ctx, c, base, now, estimate, nil)
+	d, t0, _, err := s.take(ctx, c, base, now, estimate, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +393,7 @@ func (s *settler) Settle(ctx context.Context, actual int) error {
 	} else {
 		late = time.Since(s.first) > settleLate
 	}
-	args := s.set.args("settle", now, int(s.est), int64(actual), s.t0, s.id, late)
+	args := s.set.args("settle", now, int(s.est), int64(actual), s.t0, s.id, late, nil)
 	res, err := multiScript.Run(ctx, s.client, []string{s.base}, args...).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("global: settle: %w", err)

@@ -20,9 +20,15 @@
 --          3 TokenBucket, 4 GCRA), kind (script.Kind of the algorithm and
 --          the limit: the state's key suffix), R, P (microseconds), B (the
 --          capacity)
+-- ARGV[10 + 5k ..] take, optional: two values per limit, what the caller
+--          admitted without Redis, charged first, past the limit: the
+--          window it was admitted in (for a window limit; only while it
+--          is the current one) and the events (0: none). A bucket's
+--          charge is an overdraft it refills; a SlidingLog's is dropped.
 --
 -- take returns {now, allowed (0/1), then per limit: allowed alone (0/1),
--- remaining, retry_after_us, reset_after_us}. Every limit is asked before
+-- remaining, retry_after_us, reset_after_us}, and with charges one value
+-- more per limit: 1 when its charge was applied, else 0. Every limit is asked before
 -- any is written: a denial writes nothing. A limit that allows in a denied
 -- decision reports its state as it stands; in an admitted one, after it.
 --
@@ -49,6 +55,8 @@ for i = 1, k do
     P = tonumber(ARGV[j + 4]), B = tonumber(ARGV[j + 5])}
   L.key = KEYS[1] .. L.kind
   L.C = L.B * L.P
+  L.span = L.P -- how long a window counter matters from its window's start
+  if L.alg == 1 then L.span = 2 * L.P end
   if L.alg == 4 then
     L.T = fdiv(L.P, L.R)
     L.tau = L.B * L.T
@@ -64,6 +72,24 @@ local function decide(L)
   return gcra(L, now, n)
 end
 
+-- bucket_over and gcra_over take over events from a bucket's content u
+-- or GCRA's delay d, past empty, saturating at the deepest debt.
+local function bucket_over(L, u, over)
+  local lo = L.C - MAX -- the deepest debt: C - u <= 2^53
+  if over * L.P > u - lo then return lo end
+  return u - over * L.P
+end
+local function gcra_over(L, d, over)
+  local hi = MAX - L.tau -- the deepest debt: d + n*T <= 2^53
+  local room = hi - d
+  if room < 0 then room = 0 end
+  if over * L.T > room then
+    if d < hi then d = hi end
+    return d
+  end
+  return d + over * L.T
+end
+
 -- settle gives est - actual back to limit L where it was taken from while
 -- that still counts (unless norefund), or charges actual - est now, past
 -- the limit: docs/algorithms.md, "Reserve and settle".
@@ -73,7 +99,6 @@ local function settle(L, t0, est, actual, norefund)
   if norefund then refund = 0 end
   if L.alg <= 1 then -- the windows
     local idx = fdiv(now, P)
-    local e = now - idx * P
     local idx0 = fdiv(t0, P)
     if refund > 0 and (idx0 == idx or (L.alg == 1 and idx0 == idx - 1)) then
       local key = wkey(KEYS[1], L.kind, idx0)
@@ -84,17 +109,7 @@ local function settle(L, t0, est, actual, norefund)
         wincr(key, -back)
       end
     end
-    if over > 0 then
-      local key = wkey(KEYS[1], L.kind, idx)
-      local c = wcount(key)
-      if c + over >= MAX then over = MAX - c end -- saturate at 2^53
-      if over > 0 then
-        wincr(key, over)
-        local span = P
-        if L.alg == 1 then span = 2 * P end
-        redis.call('PEXPIRE', key, expiry_ms(span - e))
-      end
-    end
+    if over > 0 then window_over(KEYS[1], L, now, over, L.span) end
   elseif L.alg == 3 then
     local C = L.C
     local u, ts = bucket(L, now)
@@ -107,13 +122,10 @@ local function settle(L, t0, est, actual, norefund)
         if u > C then u = C end
       end
     end
-    if over > 0 then
-      local lo = C - MAX -- the deepest debt: C - u <= 2^53
-      if over * P > u - lo then u = lo else u = u - over * P end
-    end
+    if over > 0 then u = bucket_over(L, u, over) end
     put_bucket(L, u, ts)
   elseif L.alg == 4 then
-    local T, tau = L.T, L.tau
+    local T = L.T
     local d = gcra_d(L, now)
     if refund > 0 then
       local el = now - t0
@@ -124,16 +136,7 @@ local function settle(L, t0, est, actual, norefund)
         if d < 0 then d = 0 end
       end
     end
-    if over > 0 then
-      local hi = MAX - tau -- the deepest debt: d + n*T <= 2^53
-      local room = hi - d
-      if room < 0 then room = 0 end
-      if over * T > room then
-        if d < hi then d = hi end
-      else
-        d = d + over * T
-      end
-    end
+    if over > 0 then d = gcra_over(L, d, over) end
     put_gcra(L, now, d)
   end
 end
@@ -154,6 +157,34 @@ if ARGV[1] == 'settle' then
   return {now, 0, actual}
 end
 
+-- charge applies use events the caller admitted without Redis to limit
+-- L (in window idx0, for a window limit) and reports whether it did.
+local function charge(L, idx0, use)
+  if use <= 0 then return false end
+  if L.alg <= 1 then return charge_window(KEYS[1], L, now, idx0, use, L.span) end
+  if L.alg == 3 then
+    local u, ts = bucket(L, now)
+    put_bucket(L, bucket_over(L, u, use), ts)
+    return true
+  end
+  if L.alg == 4 then
+    put_gcra(L, now, gcra_over(L, gcra_d(L, now), use))
+    return true
+  end
+  return false -- SlidingLog: a log of at most R events holds no debt
+end
+
+-- The charges first, then the decision, which sees them.
+local charged = nil
+local cj = 10 + 5 * k
+if ARGV[cj + 2 * k - 1] ~= nil then
+  charged = {}
+  for i = 1, k do
+    local j = cj + 2 * (i - 1)
+    charged[i] = charge(limits[i], tonumber(ARGV[j]), tonumber(ARGV[j + 1])) and 1 or 0
+  end
+end
+
 -- Every limit is asked first; only when all admit n is each consumed.
 local out = {now, 1}
 local commits = {}
@@ -168,14 +199,17 @@ for i = 1, k do
   commits[i] = commit
   all = all and fits
 end
-if not all then
+if all then
+  for i = 1, k do
+    local remaining, reset = commits[i]()
+    if remaining < 0 then remaining = 0 end
+    out[2 + (i - 1) * 4 + 2] = remaining
+    out[2 + (i - 1) * 4 + 4] = reset
+  end
+else
   out[2] = 0
-  return out
 end
-for i = 1, k do
-  local remaining, reset = commits[i]()
-  if remaining < 0 then remaining = 0 end
-  out[2 + (i - 1) * 4 + 2] = remaining
-  out[2 + (i - 1) * 4 + 4] = reset
+if charged then
+  for i = 1, k do out[#out + 1] = charged[i] end
 end
 return out

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	gosync "sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
 	"github.com/hybridlimit/ratelimit/local"
 )
 
@@ -60,11 +62,86 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 			case strings.Contains(c.name, "lost"):
 				f = loseReplies
 			}
-			perWin, froze, thawed := outageRun(t, c.instances, c.alg, limit, f, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
+			var mu gosync.Mutex
+			dropped := map[int64]int64{} // per window: admitted locally, never charged
+			r := outageRun(t, c.instances, []time.Duration{limit.Period}, func(rc redis.UniversalClient, prefix string) ratelimit.Limiter {
+				share := limit
+				share.Rate = limit.Rate / c.instances
+				fb, err := local.New(share, local.WithAlgorithm(c.alg))
+				require.NoError(t, err)
+				l, err := global.New(rc, limit, global.WithPrefix(prefix), global.WithAlgorithm(c.alg),
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(c.instances))
+				require.NoError(t, err)
+				global.OnDroppedDebt(l, func(win, units int64) {
+					mu.Lock()
+					dropped[win] += units
+					mu.Unlock()
+				})
+				return l
+			}, f, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
+			perWin, froze, thawed := r.perWin[0], r.froze[0], r.thawed[0]
 			for idx, n := range perWin {
 				require.LessOrEqual(t, n, limit.Rate, "window %d (froze in %d, thawed in %d)", idx, froze, thawed)
 			}
 			require.Greater(t, perWin[thawed], 0, "the window Redis came back in admitted")
+			if c.alg == ratelimit.SlidingWindow {
+				// What the instances admitted locally in the window Redis
+				// came back in is charged to it there, as in a
+				// FixedWindow: Redis counts every admission of the window
+				// (and more: calls it ran whose replies came too late)
+				// but what an instance still cut off when the window
+				// ended could not charge, and the next window weighs
+				// them all.
+				n, err := r.client.Get(context.Background(), r.prefix+":{k}:"+script.Kind(c.alg, limit)+":"+strconv.FormatInt(thawed, 10)).Int()
+				require.NoError(t, err)
+				mu.Lock()
+				lost := int(dropped[thawed])
+				mu.Unlock()
+				t.Logf("Redis counts %d in the window it came back in, %d admitted, %d never charged", n, perWin[thawed], lost)
+				require.GreaterOrEqual(t, n+lost, perWin[thawed], "window %d: admissions not charged to Redis", thawed)
+			}
+		})
+	}
+}
+
+// global.Multi under FailLocal keeps each limit's outage bound: a Multi of
+// 1,000 per second (FixedWindow) and 5,000 per minute (SlidingWindow), a
+// hot key driven far over both from 1 and 2 instances, each with a
+// local.Multi fallback of its share of each limit and told the fleet size,
+// Redis frozen (SIGSTOP) for 2.6s across windows. Counted per window of
+// each limit from each admission's Limits[i].ResetAfter, no window of
+// either limit passes its Rate: each limit's window gets its last-known
+// remainder shared by the instances, what they admitted locally is charged
+// to every limit in Redis, and a window the outage touched stays within
+// the budgets after it (the minute, all of the run). The fleet still
+// admits while Redis is away.
+func TestOutageRecoveryFailLocalMulti(t *testing.T) {
+	limits := []ratelimit.Limit{ratelimit.PerSecond(1000), ratelimit.PerMinute(5000)}
+	algs := []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow}
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d instances", instances), func(t *testing.T) {
+			r := outageRun(t, instances, []time.Duration{time.Second, time.Minute}, func(rc redis.UniversalClient, prefix string) ratelimit.Limiter {
+				shares := append([]ratelimit.Limit(nil), limits...)
+				for i := range shares {
+					shares[i].Rate /= instances
+				}
+				fb, err := local.NewMulti(shares, local.WithAlgorithms(algs...))
+				require.NoError(t, err)
+				m, err := global.NewMulti(rc, limits, global.WithPrefix(prefix), global.WithAlgorithms(algs...),
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
+				require.NoError(t, err)
+				return m
+			}, freeze, 1400*time.Millisecond, 2600*time.Millisecond, 6*time.Second)
+			for i, l := range limits {
+				for idx, n := range r.perWin[i] {
+					require.LessOrEqual(t, n, l.Rate, "limit %d (%v), window %d", i, l.Period, idx)
+				}
+			}
+			during := 0
+			for idx := r.froze[0] + 1; idx < r.thawed[0]; idx++ {
+				during += r.perWin[0][idx]
+			}
+			require.Positive(t, during, "the fleet admitted while Redis was away")
 		})
 	}
 }
@@ -85,11 +162,23 @@ var (
 		stop: func(_ *redistest.Server, p *faultproxy.Proxy) error { p.DropReplies(0); return nil }}
 )
 
-// outageRun hammers one key from instances FailLocal limiters while Redis
-// goes away (f) from freezeAt after a window's start for freezeFor, and
-// returns what they admitted per window with the windows the outage began
-// and ended in.
-func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratelimit.Limit, f outage, freezeAt, freezeFor, runFor time.Duration) (map[int64]int, int64, int64) {
+// outageResult is what an outageRun saw, limit by limit: what the fleet
+// admitted per window, the windows the outage began and ended in; and
+// Redis itself, and the limiters' prefix, to look at their state.
+type outageResult struct {
+	perWin        []map[int64]int
+	froze, thawed []int64
+	client        redis.UniversalClient
+	prefix        string
+}
+
+// outageRun hammers one key, "k", from instances FailLocal limiters made
+// by mk (each given its own client and the one prefix), of limits of the
+// given periods, while Redis goes away (f) from freezeAt after the first
+// period's window's start (also a minute's, for a period of a minute) for
+// freezeFor, and returns what they admitted per window of each limit
+// (a Limiter's Decision or a Multi's Limits, from ResetAfter).
+func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(redis.UniversalClient, string) ratelimit.Limiter, f outage, freezeAt, freezeFor, runFor time.Duration) outageResult {
 	t.Helper()
 	srv := redistest.Standalone(t)
 	addr := srv.Addr()
@@ -102,25 +191,30 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 		addr = proxy.Addr()
 	}
 	prefix := uniquePrefix(t)
-	var ls []*global.Limiter
+	var ls []ratelimit.Limiter
 	for i := 0; i < instances; i++ {
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { c.Close() })
-		share := limit
-		share.Rate = limit.Rate / instances
-		fb, err := local.New(share, local.WithAlgorithm(alg))
-		require.NoError(t, err)
-		l, err := global.New(c, limit, global.WithPrefix(prefix), global.WithAlgorithm(alg),
-			global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
-		require.NoError(t, err)
-		ls = append(ls, l)
+		ls = append(ls, mk(c, prefix))
 	}
-	p := limit.Period.Microseconds()
+	r := outageResult{client: srv.Client(), prefix: prefix}
+	t.Cleanup(func() { r.client.Close() })
+	p := periods[0].Microseconds()
+	for _, q := range periods {
+		if q == time.Minute { // the whole run within one minute
+			if now := time.Now(); now.Add(runFor+2*time.Second).Truncate(time.Minute) != now.Truncate(time.Minute) {
+				time.Sleep(time.Until(now.Truncate(time.Minute).Add(time.Minute)))
+			}
+		}
+	}
 	now := time.Now().UnixMicro()
 	time.Sleep(time.Duration((now/p+1)*p-now)*time.Microsecond + 2*time.Millisecond) // a window's start
 	start := time.Now()
-	froze := start.Add(freezeAt).UnixMicro() / p
-	thawed := start.Add(freezeAt+freezeFor).UnixMicro() / p
+	for _, q := range periods {
+		r.froze = append(r.froze, start.Add(freezeAt).UnixMicro()/q.Microseconds())
+		r.thawed = append(r.thawed, start.Add(freezeAt+freezeFor).UnixMicro()/q.Microseconds())
+		r.perWin = append(r.perWin, map[int64]int{})
+	}
 	go func() {
 		time.Sleep(freezeAt)
 		if err := f.start(srv, proxy); err != nil {
@@ -132,7 +226,6 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 		}
 	}()
 	var mu gosync.Mutex
-	perWin := map[int64]int{}
 	var errs atomic.Int64
 	var wg gosync.WaitGroup
 	stop := start.Add(runFor)
@@ -143,7 +236,7 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 				defer wg.Done()
 				for time.Now().Before(stop) {
 					t0 := time.Now().UnixMicro()
-					d, err := l.Allow(context.Background(), "k")
+					d, err := l.AllowN(context.Background(), "k", 1)
 					t1 := time.Now().UnixMicro()
 					if err != nil {
 						errs.Add(1)
@@ -157,9 +250,15 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 						// clock); rounded to the nearest window's end,
 						// which the call's duration and the clocks'
 						// offset are far from reaching.
-						idx := ((t0+t1)/2+d.ResetAfter.Microseconds()+p/2)/p - 1
 						mu.Lock()
-						perWin[idx]++
+						for i, q := range periods {
+							reset := d.ResetAfter
+							if ls := d.Limits(); ls != nil {
+								reset = ls[i].ResetAfter
+							}
+							p := q.Microseconds()
+							r.perWin[i][((t0+t1)/2+reset.Microseconds()+p/2)/p-1]++
+						}
 						mu.Unlock()
 					}
 				}
@@ -167,34 +266,40 @@ func outageRun(t *testing.T, instances int, alg ratelimit.Algorithm, limit ratel
 		}
 	}
 	wg.Wait()
-	idx := make([]int64, 0, len(perWin))
-	for i := range perWin {
-		idx = append(idx, i)
-	}
-	sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
 	var b strings.Builder
-	for _, i := range idx {
-		mark := ""
-		switch {
-		case i == froze && i == thawed:
-			mark = " (froze and thawed)"
-		case i == froze:
-			mark = " (froze)"
-		case i == thawed:
-			mark = " (thawed)"
-		case i > froze && i < thawed:
-			mark = " (frozen)"
+	for l, perWin := range r.perWin {
+		if len(periods) > 1 {
+			fmt.Fprintf(&b, "\n  limit %d (%v):", l, periods[l])
 		}
-		fmt.Fprintf(&b, " %d%s", perWin[i], mark)
+		idx := make([]int64, 0, len(perWin))
+		for i := range perWin {
+			idx = append(idx, i)
+		}
+		sort.Slice(idx, func(i, j int) bool { return idx[i] < idx[j] })
+		froze, thawed := r.froze[l], r.thawed[l]
+		for _, i := range idx {
+			mark := ""
+			switch {
+			case i == froze && i == thawed:
+				mark = " (froze and thawed)"
+			case i == froze:
+				mark = " (froze)"
+			case i == thawed:
+				mark = " (thawed)"
+			case i > froze && i < thawed:
+				mark = " (frozen)"
+			}
+			fmt.Fprintf(&b, " %d%s", perWin[i], mark)
+		}
 	}
 	var fallback uint64
 	for _, l := range ls {
-		fallback += l.FallbackDecisions()
+		fallback += l.(interface{ FallbackDecisions() uint64 }).FallbackDecisions()
 	}
 	t.Logf("admitted per window:%s; fallback decisions %d, errors %d", b.String(), fallback, errs.Load())
 	require.Zero(t, errs.Load())
 	require.Positive(t, fallback)
-	return perWin, froze, thawed
+	return r
 }
 
 // The buckets under FailLocal through a Redis freeze: 4 instances, each

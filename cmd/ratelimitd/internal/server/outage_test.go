@@ -113,3 +113,50 @@ func outageGRPC(t *testing.T, mode string) {
 		}
 	}
 }
+
+// A rule of several limits in mode exact (global.Multi, failure_mode
+// local): a nested descriptor of 1,000 per second and 100 per minute, its
+// hot key far over both from two replicas, Redis frozen (SIGSTOP) for 2.6s,
+// the run within one minute. Every replica knew the minute's remainder
+// when Redis froze, and admits at most its share of it (the fleet it
+// learned) until the minute ends; before, each replica's fallback admitted
+// its 50 on top: 200, every run. The minute admits at most its 100.
+func TestOutageRecoveryGRPCExactMulti(t *testing.T) {
+	redis := redistest.Standalone(t)
+	cfg := configDir(t, map[string]string{"o.yaml": `domain: o
+descriptors:
+  - key: k
+    descriptors:
+      - key: sub
+        rate_limits:
+          - {unit: second, requests_per_unit: 1000, mode: exact}
+          - {unit: minute, requests_per_unit: 100}
+`})
+	prefix := uniq("outage")
+	var ds []*daemon
+	for range 2 {
+		ds = append(ds, start(t, redis.Addr(), cfg, func(o *server.Options) {
+			o.Prefix, o.Timeout = prefix, 100*time.Millisecond
+		}))
+	}
+	req := rq("o", desc("k", "hot", "sub", "x"))
+	// The whole run within one minute, from a second's start.
+	if now := time.Now(); now.Add(8*time.Second).Truncate(time.Minute) != now.Truncate(time.Minute) {
+		time.Sleep(time.Until(now.Truncate(time.Minute).Add(time.Minute)))
+	}
+	admitted := 0
+	for _, d := range ds {
+		if d.call(t, req).OverallCode == pb.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	time.Sleep(time.Second - time.Duration(time.Now().UnixNano()%int64(time.Second)) + 2*time.Millisecond)
+	perWin, spanning := outageCounts(t, ds, redis, req, time.Minute, 1400*time.Millisecond, 2600*time.Millisecond, 5*time.Second)
+	for _, n := range perWin {
+		admitted += n
+	}
+	t.Logf("answered OK in the minute: %d (%d of them spanning a minute's end)", admitted+spanning, spanning)
+	if len(perWin) > 1 || admitted+spanning > 100 {
+		t.Errorf("%d answered OK in one minute (per minute: %v, %d spanning), over the limit of 100", admitted+spanning, perWin, spanning)
+	}
+}

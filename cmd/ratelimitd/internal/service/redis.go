@@ -352,8 +352,8 @@ func (b *redisBackend) NewLimiter(spec Spec) (Limiter, error) {
 }
 
 // newExact makes the global limiter of an exact rule. Its local failure
-// mode admits the rule's limit shared by the fleet (see fleetSize), and
-// for one limit the window's last-known remainder shared by it.
+// mode admits the rule's limits shared by the fleet (see fleetSize), and
+// each window limit's last-known remainder shared by it.
 func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 	opts := []global.Option{
 		global.WithAlgorithms(spec.Algorithms...), global.WithPrefix(spec.Prefix),
@@ -368,11 +368,12 @@ func (b *redisBackend) newExact(spec Spec) (Limiter, error) {
 		if len(spec.Limits) > 1 {
 			opts = append(opts, global.WithFallback(&fleetFallbackMulti{fb}))
 		} else {
-			// The window's last-known remainder shared by the fleet, and
-			// what was admitted locally charged when Redis is back (see
-			// docs/failure-modes.md, The global limiter).
-			opts = append(opts, global.WithFallback(fb), global.WithInstancesFunc(func() int { return int(b.fleetSize()) }))
+			opts = append(opts, global.WithFallback(fb))
 		}
+		// Each window's last-known remainder shared by the fleet, and what
+		// was admitted locally charged when Redis is back, for one limit
+		// as for several (see docs/failure-modes.md, The global limiter).
+		opts = append(opts, global.WithInstancesFunc(func() int { return int(b.fleetSize()) }))
 	}
 	var (
 		lim Limiter
