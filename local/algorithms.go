@@ -100,6 +100,13 @@ func limitState(d *ratelimit.Decision) ratelimit.LimitState {
 // entries, refilling the bucket), which changes no later decision. It runs
 // under the lock of the key's shard.
 func (l *algo) decide(d *ratelimit.Decision, st *state, now, n int64, commit bool) {
+	if (l.alg == ratelimit.FixedWindow || l.alg == ratelimit.SlidingWindow) && now < st.a {
+		// A clock reading taken before another decision rolled the key's
+		// window (this one waited for the shard's lock meanwhile), or a
+		// clock that stepped back: decided in the key's window, never
+		// rolling it back, which would forget its count.
+		now = st.a
+	}
 	switch l.alg {
 	case ratelimit.FixedWindow:
 		l.fixedWindow(d, st, now, n, commit)

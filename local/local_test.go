@@ -414,3 +414,33 @@ func TestLimiterKeepsKeyInUse(t *testing.T) {
 		require.LessOrEqual(t, lim.Len(), maxKeys)
 	}
 }
+
+// A decision whose clock reading is older than the key's window (it was
+// taken before another decision rolled the window, and waited for the
+// shard's lock meanwhile) is decided in the key's window: it never rolls
+// the window back and forgets its count. Before, 4 goroutines on a
+// 1,000/s limit admitted 2,000-3,000 in one second this way.
+func TestStaleClockReadingKeepsWindow(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			allow := func(t *testing.T, l *local.Limiter) ratelimit.Decision {
+				t.Helper()
+				d, err := l.Allow(context.Background(), "k")
+				require.NoError(t, err)
+				return d
+			}
+			clk := newClock()
+			l, err := local.New(ratelimit.Limit{Rate: 2, Period: time.Second}, local.WithAlgorithm(alg), local.WithClock(clk.Now))
+			require.NoError(t, err)
+			clk.Set(1500 * time.Millisecond)
+			require.True(t, allow(t, l).Allowed)
+			require.True(t, allow(t, l).Allowed)
+			clk.Set(900 * time.Millisecond) // a reading from before the roll
+			d := allow(t, l)
+			require.False(t, d.Allowed, "decided in the key's window, which is full")
+			require.LessOrEqual(t, d.ResetAfter, time.Second)
+			clk.Set(1600 * time.Millisecond)
+			require.False(t, allow(t, l).Allowed, "the window's count kept")
+		})
+	}
+}
