@@ -22,12 +22,12 @@ import (
 // changes nothing), as envoyproxy/ratelimit sends INCRBY and EXPIRE. What
 // Redis spends on a round trip (reading and writing the socket) is most
 // of what a decision costs it, so concurrent decisions share round trips:
-// they go out in batches, one pipeline of a Limiter on its way at a time,
-// the next formed while it is out (auto-pipelining, as the hybrid's queue
-// does); a lone decision goes at once. The count after the increment
+// they go out in batches, the next formed while one is out (auto-
+// pipelining, as the hybrid's queue does; see pipeline); a lone decision
+// goes at once. The count after the increment
 // decides: admitted when within the limit; over it, the decision is
-// denied and its n units are given back in the next batch, so that a
-// denial does not count.
+// denied and its n units are given back in the next batch, before it
+// returns, so that a denial does not count.
 //
 // The window is the one of Redis' clock, which the Limiter estimates from
 // the times take.lua's replies carry (srvclock): a decision too near a
