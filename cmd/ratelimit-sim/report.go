@@ -28,7 +28,7 @@ func printHeader(out io.Writer, cfg config, backend string, wl *workload) {
 	if cfg.fixInstances {
 		known = fmt.Sprintf("fixed at %d", cfg.instances)
 	}
-	fmt.Fprintf(out, "  hybrid: mode %v, sync %v, timeout %v, instances %s; global: FixedWindow, one script call per decision\n",
+	fmt.Fprintf(out, "  hybrid: mode %v, sync %v, timeout %v, instances %s; global: FixedWindow, a limiter per worker, a round trip per decision\n",
 		cfg.mode, cfg.sync, cfg.timeout, known)
 	fmt.Fprintf(out, "  %s\n", backend)
 }

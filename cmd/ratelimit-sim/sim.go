@@ -256,11 +256,16 @@ func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		c, rt := newClient(be.addrs, cfg.workers)
 		warmPool(ctx, c, cfg.workers)
 		cls, rts = append(cls, c), append(rts, rt)
-		g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
-		if err != nil {
-			return phaseResult{}, fmt.Errorf("global.New: %w", err)
+		// A limiter per worker: per-request Redis, a round trip per
+		// decision (one global limiter's concurrent decisions would share
+		// round trips).
+		for w := 0; w < cfg.workers; w++ {
+			g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
+			if err != nil {
+				return phaseResult{}, fmt.Errorf("global.New: %w", err)
+			}
+			lims = append(lims, g)
 		}
-		lims = append(lims, g)
 	}
 	cpu0 := serverCPU(ctx, be, cls[0])
 	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, nil)
@@ -503,7 +508,10 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 	for i := range workers {
 		w := &worker{lastDenied: make([]int64, cfg.keys)}
 		workers[i] = w
-		lim := lims[i/cfg.workers]
+		lim := lims[i/cfg.workers] // an instance's limiter
+		if len(lims) == nw {
+			lim = lims[i] // a worker's own
+		}
 		pk := wl.picker(cfg.seed, uint64(i))
 		offset := start + interval*int64(i)/int64(nw)
 		wg.Add(1)
