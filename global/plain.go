@@ -2,6 +2,7 @@ package global
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ type plainPath struct {
 	// a hash of the key and the window: a collision sends a decision to
 	// take.lua, which is exact too
 	lua  [256]atomic.Uint64
+	seed maphash.Seed // of lua's hash
 	pipe pipeline
 }
 
@@ -62,7 +64,7 @@ type plainPath struct {
 const clockMaxAge = 10 * time.Second
 
 func newPlainPath(client redis.UniversalClient, period time.Duration, withClock bool) *plainPath {
-	p := &plainPath{start: time.Now(), pipe: pipeline{client: client}}
+	p := &plainPath{start: time.Now(), seed: maphash.MakeSeed(), pipe: pipeline{client: client}}
 	if !withClock {
 		p.clk = srvclock.New(p.start.UnixMicro(), period, clockMaxAge)
 	}
@@ -81,15 +83,6 @@ func (p *plainPath) toLua(h uint64, idx int64) {
 
 func (p *plainPath) goesToLua(h uint64, idx int64) bool {
 	return p.lua[h%uint64(len(p.lua))].Load() == luaTag(h, idx)
-}
-
-// fnv64 is FNV-1a of s.
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint64(s[i])) * 1099511628211
-	}
-	return h
 }
 
 // observe takes a sample of Redis time from a take.lua reply: Redis read
@@ -124,7 +117,7 @@ func (l *Limiter) takePlain(ctx context.Context, base string, n int, win, use in
 		}
 		serverUS = v.ServerAt(at)
 	}
-	h := fnv64(base)
+	h := maphash.String(p.seed, base)
 	if p.goesToLua(h, idx) {
 		return nil, false, false, nil
 	}

@@ -39,6 +39,24 @@ func (h *cmdCounter) get(name string) int {
 	return h.n[name]
 }
 
+// countCommands adds a cmdCounter to c.
+func countCommands(c redis.UniversalClient) *cmdCounter {
+	h := &cmdCounter{n: map[string]int{}}
+	c.AddHook(h)
+	return h
+}
+
+// roomyWindow waits, if need be, until the window of period in progress
+// on c's server has at least 20s left, and returns its index.
+func roomyWindow(t *testing.T, c redis.UniversalClient, period time.Duration) int64 {
+	t.Helper()
+	p := period.Microseconds()
+	if left := p - serverMicros(t, c)%p; left < 20*sec {
+		time.Sleep(time.Duration(left+100*ms) * time.Microsecond)
+	}
+	return serverMicros(t, c) / p
+}
+
 func (h *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error { h.count(cmd); return next(ctx, cmd) }
@@ -63,19 +81,13 @@ func TestPlainFixedWindow(t *testing.T) {
 		t.Run(dep.name, func(t *testing.T) {
 			c := dep.srv(t)
 			defer c.Close()
-			hook := &cmdCounter{n: map[string]int{}}
-			c.AddHook(hook)
+			hook := countCommands(c)
 			ctx := context.Background()
 			limit := ratelimit.Limit{Rate: 10, Period: time.Minute}
 			prefix := uniquePrefix(t)
 			l, err := global.New(c, limit, global.WithPrefix(prefix))
 			require.NoError(t, err)
-			// in one window: at least 20s of it left
-			p := limit.Period.Microseconds()
-			if left := p - serverMicros(t, c)%p; left < 20*sec {
-				time.Sleep(time.Duration(left+100*ms) * time.Microsecond)
-			}
-			idx := serverMicros(t, c) / p
+			idx := roomyWindow(t, c, limit.Period)
 			const keys, calls = 200, 13
 			var wg sync.WaitGroup
 			admitted := make([]int, keys)
@@ -141,22 +153,18 @@ func TestPlainStringCounter(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
-	hook := &cmdCounter{n: map[string]int{}}
-	c.AddHook(hook)
+	hook := countCommands(c)
 	ctx := context.Background()
 	limit := ratelimit.Limit{Rate: 5, Period: time.Hour}
 	prefix := uniquePrefix(t)
 	l, err := global.New(c, limit, global.WithPrefix(prefix))
 	require.NoError(t, err)
-	p := limit.Period.Microseconds()
-	if left := p - serverMicros(t, c)%p; left < 20*sec {
-		time.Sleep(time.Duration(left+100*ms) * time.Microsecond)
-	}
+	idx := roomyWindow(t, c, limit.Period)
 	_, err = l.Allow(ctx, "warm") // a sample of Redis time
 	require.NoError(t, err)
 	base, err := script.KeyBase(prefix, "k")
 	require.NoError(t, err)
-	wk := script.WindowKey(base, script.Kind(ratelimit.FixedWindow, limit), serverMicros(t, c)/p)
+	wk := script.WindowKey(base, script.Kind(ratelimit.FixedWindow, limit), idx)
 	require.NoError(t, c.Set(ctx, wk, "3", time.Hour+time.Minute).Err())
 	before := hook.get("hincrby")
 	for i, want := range []bool{true, true, false, false} {
@@ -174,8 +182,7 @@ func TestPlainWithClock(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	defer c.Close()
-	hook := &cmdCounter{n: map[string]int{}}
-	c.AddHook(hook)
+	hook := countCommands(c)
 	ctx := context.Background()
 	clk := &fakeClock{}
 	clk.Set(t0 + 999_999)
