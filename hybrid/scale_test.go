@@ -123,7 +123,8 @@ func after(d time.Duration) <-chan struct{} {
 
 // Many keys, each far under its limit: a fleet of 4 instances sweeping
 // 10,000 keys decides at least 20 times as fast as per-request Redis
-// (global limiters, one per worker), with at most one Redis round trip per 100 decisions once every
+// (global limiters, one per worker; each side's rate its best of three
+// stretches), with at most one Redis round trip per 100 decisions once every
 // key has been seen, and denies nothing. The window rolls three times while
 // it is measured: the roll must cost no waiting.
 const warmup, maxWarmup = 2500 * time.Millisecond, 12 * time.Second
@@ -173,15 +174,12 @@ func TestManyKeysUnderLimit(t *testing.T) {
 		}
 	}
 	warmRT := sumRT(hooks)
-	rt0 := sumRT(hooks)
-	start := time.Now()
-	decisions, denied, errs := closedLoop(ls, keys, workers, after(3*time.Second))
-	hybridRate := float64(decisions) / time.Since(start).Seconds()
-	rt := sumRT(hooks) - rt0
 
 	// The same fleet shape deciding by per-request Redis: a global
 	// limiter per worker, so that no two decisions share a round trip (a
-	// global limiter's concurrent FixedWindow decisions share them).
+	// global limiter's concurrent FixedWindow decisions share them); and,
+	// for the record, one global limiter per instance, its workers'
+	// decisions sharing round trips.
 	var gs, gShared []ratelimit.Limiter
 	for i := 0; i < instances; i++ {
 		c := srv.Client()
@@ -196,22 +194,34 @@ func TestManyKeysUnderLimit(t *testing.T) {
 			}
 		}
 	}
-	start = time.Now()
-	gDecisions, gDenied, gErrs := closedLoop(gs, keys, 1, after(1500*time.Millisecond))
-	globalRate := float64(gDecisions) / time.Since(start).Seconds()
-	// and, for the record, one global limiter per instance, its workers'
-	// decisions sharing round trips
-	start = time.Now()
-	sDecisions, sDenied, sErrs := closedLoop(gShared, keys, workers, after(1500*time.Millisecond))
-	sharedRate := float64(sDecisions) / time.Since(start).Seconds()
+	// Each is measured in three consecutive stretches, its rate its best
+	// stretch: on a shared host a burst of other work in one stretch would
+	// otherwise decide the ratio. (The hybrid's loop is not interrupted
+	// between its stretches: a key left unused for a window goes cold.)
+	var decisions, denied, errs int64
+	var gDecisions, gDenied, gErrs, sDecisions, sDenied, sErrs int64
+	var hybridRate, globalRate, sharedRate float64
+	measure := func(ls []ratelimit.Limiter, workers int, d time.Duration, sum, dSum, eSum *int64, best *float64) {
+		for i := 0; i < 3; i++ {
+			start := time.Now()
+			n, dn, e := closedLoop(ls, keys, workers, after(d))
+			*best = max(*best, float64(n)/time.Since(start).Seconds())
+			*sum, *dSum, *eSum = *sum+n, *dSum+dn, *eSum+e
+		}
+	}
+	rt0 := sumRT(hooks)
+	measure(ls, workers, time.Second, &decisions, &denied, &errs, &hybridRate)
+	rt := sumRT(hooks) - rt0
+	measure(gs, 1, 500*time.Millisecond, &gDecisions, &gDenied, &gErrs, &globalRate)
+	measure(gShared, workers, 500*time.Millisecond, &sDecisions, &sDenied, &sErrs, &sharedRate)
 
 	s := sumStats(hs)
 	t.Logf("warm-up: denied %d errors %d, %d round trips; no reply in time %d, fallback %d", wDenied, wErrs, warmRT, s.NoReply, s.Fallback)
-	t.Logf("hybrid: %d decisions (%.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions); sync round trips since New %d",
+	t.Logf("hybrid: %d decisions (best round %.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions); sync round trips since New %d",
 		decisions, hybridRate, denied, errs, rt, 1000*float64(rt)/float64(decisions), s.SyncRoundTrips)
-	t.Logf("global, per request: %d decisions (%.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
+	t.Logf("global, per request: %d decisions (best round %.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
 		gDecisions, globalRate, gDenied, gErrs, hybridRate/globalRate)
-	t.Logf("global, one limiter per instance (shared round trips): %d decisions (%.0f/s); hybrid / that = %.1fx",
+	t.Logf("global, one limiter per instance (shared round trips): %d decisions (best round %.0f/s); hybrid / that = %.1fx",
 		sDecisions, sharedRate, hybridRate/sharedRate)
 	require.Zero(t, errs+wErrs+gErrs+sErrs)
 	require.Zero(t, denied+wDenied, "every key is far under its limit")
