@@ -146,6 +146,17 @@ func (lc *lockedCounter) putGrant(p *params, idx, g, start, end, now int64, f fl
 		nl.pre = true
 		lc.next = nl
 		e.visit = visitNow // the syncer watches it: given back if the key goes quiet
+	case cur != nil && cur.idx == idx+1 && lc.next == nil:
+		// Redis still counts in window idx, and the lease in hand is of
+		// the next one, rolled in within the clock's error bound of its
+		// start (see roll): it waits as the next lease again, and the
+		// grant serves until then. (Left in hand, the grant would have no
+		// place, and a decision short of quota would ask again and again.)
+		nl := lc.newLease(idx, start, end, true)
+		nl.grow(g)
+		lc.cur.Store(nl)
+		lc.next = cur
+		lc.blockedUntil.Store(0)
 	default: // an older window than the one in hand
 		lc.owe(idx, g, 0)
 		e.visit = visitNow

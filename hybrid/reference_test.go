@@ -233,6 +233,13 @@ func (r *refLimiter) putGrant(idx, g, start, end, mono int64) {
 		nl := r.newLease(idx, start, end)
 		nl.avail, nl.pre = g, true
 		r.next = nl
+	case cur != nil && cur.idx == idx+1 && r.next == nil:
+		// Redis still counts in window idx: the next window's lease waits
+		// as next again
+		nl := r.newLease(idx, start, end)
+		nl.avail = g
+		r.cur, r.next = nl, cur
+		r.blocked = 0
 	default:
 		r.owe(idx, g)
 	}
