@@ -145,15 +145,29 @@ func (e *exactCall) plainRequest() request {
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
 	r, idx, now, n := a.Limit.Rate, a.AdjustIdx, e.serverUS, e.n
-	cmds := [][]any{
-		{"hincrby", k, "c", n + a.Use - a.Refund},
-		{"pexpireat", k, expireAt},
+	var cmds [][]any
+	if n != 0 || a.Use != 0 || a.Refund != 0 || e.ahead == 0 {
+		cmds = [][]any{
+			{"hincrby", k, "c", n + a.Use - a.Refund},
+			{"pexpireat", k, expireAt},
+		}
 	}
 	ahead := 0
 	if e.ahead > 0 {
 		k2 := script.WindowKey(a.Base, a.Kind, a.AdjustIdx+1)
 		cmds = append(cmds, []any{"hincrby", k2, "c", e.ahead}, []any{"pexpireat", k2, ((a.AdjustIdx+2)*periodUS+999)/1000 + 1000})
-		ahead = 3
+		ahead = len(cmds) - 1
+	}
+	if len(cmds) == 2 && ahead == 1 {
+		// The syncer's hold, carrying nothing for the window in hand: the
+		// hold alone (its reply is read as the hold's; the window's count
+		// stays unknown, 0)
+		return request{cmds: cmds, ahead: 1, parse: func(v any) (reply, error) {
+			if _, ok := v.(int64); !ok {
+				return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+			}
+			return reply{plain: true, take: script.TakeReply{Idx: idx, Now: now, Admitted: true, Adjusted: true}}, nil
+		}, fallback: e.takeRequest}
 	}
 	return request{
 		cmds:  cmds,

@@ -191,10 +191,10 @@ func (p *pipe) run(ctx context.Context, reqs []request) (cmds, aheads []*redis.C
 		if r.script == nil {
 			for j, c := range r.cmds {
 				cmd := pl.Do(ctx, c...)
-				switch {
-				case j == 0:
+				if j == 0 {
 					cmds[i] = cmd
-				case j == r.ahead-1:
+				}
+				if j == r.ahead-1 {
 					if aheads == nil {
 						aheads = make([]*redis.Cmd, len(reqs))
 					}

@@ -227,6 +227,11 @@ func TestHoldAhead(t *testing.T) {
 	if _, again := k.holdTick(11*sec + 700*ms); again != nil {
 		t.Fatal("window 12 held twice")
 	}
+	// It carries nothing for window 11: the hold alone.
+	key12 := script.WindowKey(e.take.Base, e.take.Kind, 12)
+	if r := hold.request(); len(r.cmds) != 2 || r.ahead != 1 || r.cmds[0][0] != "hincrby" || r.cmds[0][1] != key12 || r.cmds[0][3] != int64(2) || r.cmds[1][0] != "pexpireat" {
+		t.Fatalf("hold request %+v; want hincrby %s c 2 and its expiry", r.cmds, key12)
+	}
 	plainReply(t, hold, 11*sec+700*ms, 3, 4)
 	lc = k.c.lock()
 	lc.settleExact(hold, false)
