@@ -113,3 +113,34 @@ func holdColdKeys(t *testing.T, client func() redis.UniversalClient) {
 		}
 	}
 }
+
+// Close gives a hold back: what an instance held of the next window and
+// never used is refunded to its counter, not left stranded.
+func TestHoldAheadClose(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	limit := ratelimit.PerSecond(64)
+	prefix := uniq(t)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithInstances(4))
+	require.NoError(t, err)
+	ctx := context.Background()
+	var idx int64
+	for w := 0; w < 2; w++ {
+		// early in a window: the second decision, seen in the window
+		// before, holds the next one
+		time.Sleep(time.Until(time.Now().Truncate(limit.Period).Add(limit.Period + 50*time.Millisecond)))
+		idx = time.Now().UnixMicro() / limit.Period.Microseconds()
+		d, err := h.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	next := prefix + ":{k}:fw:64:" + strconv.FormatInt(idx+1, 10)
+	held, err := c.HGet(ctx, next, "c").Int64()
+	require.NoError(t, err, "the next window's counter holds units")
+	require.Positive(t, held)
+	require.NoError(t, h.Close())
+	left, err := c.HGet(ctx, next, "c").Int64()
+	require.NoError(t, err)
+	require.Zero(t, left, "Close gave the %d held units back", held)
+}
