@@ -76,6 +76,7 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("  waited on by a decision / 1000", per1000(h.stats.SyncRoundTrips, h.decisions), per1000(g.roundTrips, g.decisions))
 	row("  commands they carried / 1000 (pipelined)", per1000(h.commands, h.decisions), per1000(g.commands, g.decisions))
 	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
+	row("decisions taken in memory / 1000", per1000(h.stats.LocalDecisions, h.stats.Decisions), "0")
 	row("Redis CPU per decision (INFO cpu)", cpuPer(h), cpuPer(g))
 	for _, q := range []struct {
 		label string
