@@ -32,7 +32,7 @@ type counter struct {
 	blockedRetry atomic.Int64          // mono ns: when Redis said blockedMin would fit (at or after blockedUntil)
 	lastUse      atomic.Int64          // mono ns of the last decision, to a 32nd of the period
 	missed       atomic.Uint64         // denied since the last tick: decisions << 32 | units
-	exact        atomic.Uint64         // admitted by an exact call since the last tick: decisions << 32 (their units are in asked already: see noteAsked)
+	exact        atomic.Uint64         // admitted by an exact call since the last tick: decisions << 32 | units
 	allowed      atomic.Uint64         // allowed decisions of past ticks (the tick folds lease.tick into it)
 	denied       atomic.Uint64         // denied decisions of past ticks (the tick folds missed into it)
 	waited       atomic.Uint64         // decisions that waited on Redis
@@ -352,21 +352,6 @@ func (lc *lockedCounter) knownFree(idx int64) (int64, bool) {
 		return lc.freeVal, true
 	}
 	return 0, false
-}
-
-// noteAsked counts n units asked in window idx in the key's demand per
-// window (askedIdx, asked, prevAsked; see observe).
-func (lc *lockedCounter) noteAsked(idx, n int64) {
-	switch {
-	case idx == lc.askedIdx:
-		lc.asked += n
-	case idx == lc.askedIdx+1:
-		lc.askedIdx, lc.asked, lc.prevAsked = idx, n, lc.asked
-	case idx > lc.askedIdx:
-		lc.askedIdx, lc.asked, lc.prevAsked = idx, n, 0
-	case idx == lc.askedIdx-1:
-		lc.prevAsked += n
-	}
 }
 
 // takeTick returns and resets what the key admitted since the last tick,

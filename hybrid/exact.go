@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
-	"github.com/hybridlimit/ratelimit/internal/breaker"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -49,16 +48,12 @@ type exactCall struct {
 	// plain: the server time the call is made at (the estimate, or
 	// WithClock's), microseconds
 	serverUS int64
-	call     *leaseCall // !fw: the arguments, not an outstanding call
-	// plain: units the call also counts in window take.AdjustIdx+1 and
-	// holds for it (see holdAhead); 0 for none
-	ahead int64
-	bg    bool          // no decision waits: the syncer's call that holds the next window (see holdNext)
-	owed  []debt        // what the call carries of the key's debts
-	done  chan struct{} // closed when res is set
-	state atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
-	res   result        // the reply, or the error
-	x     exchange      // the round trip that answered
+	call     *leaseCall    // !fw: the arguments, not an outstanding call
+	owed     []debt        // what the call carries of the key's debts
+	done     chan struct{} // closed when res is set
+	state    atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
+	res      result        // the reply, or the error
+	x        exchange      // the round trip that answered
 }
 
 const (
@@ -145,33 +140,11 @@ func (e *exactCall) plainRequest() request {
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
 	r, idx, now, n := a.Limit.Rate, a.AdjustIdx, e.serverUS, e.n
-	var cmds [][]any
-	if n != 0 || a.Use != 0 || a.Refund != 0 || e.ahead == 0 {
-		cmds = [][]any{
+	return request{
+		cmds: [][]any{
 			{"hincrby", k, "c", n + a.Use - a.Refund},
 			{"pexpireat", k, expireAt},
-		}
-	}
-	ahead := 0
-	if e.ahead > 0 {
-		k2 := script.WindowKey(a.Base, a.Kind, a.AdjustIdx+1)
-		cmds = append(cmds, []any{"hincrby", k2, "c", e.ahead}, []any{"pexpireat", k2, ((a.AdjustIdx+2)*periodUS+999)/1000 + 1000})
-		ahead = len(cmds) - 1
-	}
-	if len(cmds) == 2 && ahead == 1 {
-		// The syncer's hold, carrying nothing for the window in hand: the
-		// hold alone (its reply is read as the hold's; the window's count
-		// stays unknown, 0)
-		return request{cmds: cmds, ahead: 1, parse: func(v any) (reply, error) {
-			if _, ok := v.(int64); !ok {
-				return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
-			}
-			return reply{plain: true, take: script.TakeReply{Idx: idx, Now: now, Admitted: true, Adjusted: true}}, nil
-		}, fallback: e.takeRequest}
-	}
-	return request{
-		cmds:  cmds,
-		ahead: ahead,
+		},
 		parse: func(v any) (reply, error) {
 			c, ok := v.(int64)
 			if !ok {
@@ -275,7 +248,7 @@ func (lc *lockedCounter) warm(p *params, t tickFacts, f fleet) bool {
 	if !lc.leasable(p, idx, f) {
 		return false
 	}
-	if l := lc.cur.Load(); l != nil && l.known && !l.held {
+	if l := lc.cur.Load(); l != nil && l.known {
 		return true
 	}
 	return lc.asked >= leaseAt || lc.prevAsked >= leaseAt
@@ -312,9 +285,6 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 			e.serverUS = id.now
 			if e.serverUS <= 0 {
 				e.serverUS = f.clock.ServerAt(at)
-			}
-			if last := lc.lastUse.Load(); last > 0 && now-last <= recurWithin*p.periodNS {
-				e.ahead = lc.aheadUnits(p, idx, n, f)
 			}
 		}
 		return e
@@ -371,12 +341,11 @@ func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 // and the key is refused until the units could fit (for a second at most,
 // as a refused lease is). An admission returns a lease of its window that
 // holds nothing, for a reservation or a Multi to give back to.
-func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (ratelimit.Decision, *lease, effects) {
+func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (ratelimit.Decision, *lease, visit) {
 	x, n := e.x, e.n
 	lc := c.lock()
 	defer lc.unlock()
-	held := lc.holdAhead(p, e, now, f)
-	held.visit = held.visit.or(lc.settleExact(e, false))
+	v := lc.settleExact(e, false)
 	var end, remaining, retry int64
 	switch {
 	case e.fw && e.res.plain && e.take.Now <= 0:
@@ -404,12 +373,7 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 	}
 	remaining = min(max(0, remaining), p.capacity)
 	if idx, _ := e.counted(); e.admitted() {
-		// its units count in its window's demand now: folded in at a later
-		// tick, they would count in the window of that tick (a key an
-		// instance sees once a window, visited in the next, would look
-		// asked twice in one)
-		c.exact.Add(1 << 32)
-		lc.noteAsked(idx, n)
+		c.exact.Add(1<<32 | uint64(n))
 		c.noteUse(p, now)
 		d := ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(remaining), ResetAfter: time.Duration(max(0, end-now))}
 		if p.bucket {
@@ -420,7 +384,7 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 			// next decisions are denied here (as after a denial).
 			c.block(1, now, end)
 		}
-		return d, &lease{idx: idx, start: end - p.periodNS, end: end, known: true}, held
+		return d, &lease{idx: idx, start: end - p.periodNS, end: end, known: true}, v
 	}
 	c.refused(p, n, now)
 	retry = max(retry, int64(time.Millisecond))
@@ -432,133 +396,5 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 	} else {
 		d.ResetAfter = time.Duration(max(retry, end-now))
 	}
-	held.visit = held.visit.or(visitSoon)
-	return d, nil, held
-}
-
-// Holding the next window.
-//
-// A cold key's decision waits on Redis because the instance holds nothing
-// of the key's window: with leases it would strand quota for a key asked
-// once. Yet a key asked in one window is often asked in the next (a user
-// active for a while, a client polling). So a cold key's exact call, a
-// plain increment, also counts a few units in the next window's counter, in
-// the same round trip, and the instance holds them for that window (a
-// lease of it, held: not given back while the key is quiet). When the
-// key is asked in that window it decides from the lease in memory, and the
-// syncer holds the window after it the same way in its own pipeline (a
-// call nobody waits on: holdNext); so a key asked about once a window or
-// more waits on Redis about once, and a key asked about once in two
-// windows about half as often. What a held lease is not used for stays
-// counted to the window's end: a hold is made only for a key whose window
-// count is under half its limit, of at most the limit over leaseShare x
-// instances (the instance's share must be large enough to lease), so the
-// fleet strands at most an eighth of such a key's limit, and only in the
-// windows after one in which the key was asked. A hold that would land
-// past half the limit, or that cannot be placed, is given back.
-
-// holdFraction: a key holds the next window only while its count in the
-// window is at most Rate / holdFraction. recurWithin: a decision holds
-// the next window only for a key the instance saw within that many
-// periods before it: a key seen once (a scan, a one-off client) holds
-// nothing, and costs Redis no second counter.
-const (
-	holdFraction = 2
-	recurWithin  = 2
-)
-
-// aheadUnits is what an exact call of n units in window idx holds of
-// window idx+1 (see above), or 0: none for a key that holds that window
-// already, that asked more than about half its limit, or whose instance
-// share is too small to lease.
-func (lc *lockedCounter) aheadUnits(p *params, idx, n int64, f fleet) int64 {
-	if p.alg != ratelimit.FixedWindow || f.draining || lc.dead.Load() || !lc.leasable(p, idx+1, f) {
-		return 0
-	}
-	if l := lc.next; l != nil && l.idx >= idx+1 {
-		return 0
-	}
-	if l := lc.cur.Load(); l != nil && l.idx > idx {
-		return 0
-	}
-	if free, ok := lc.knownFree(idx); ok && p.rate-free > p.rate/holdFraction {
-		return 0
-	}
-	// sized as a lease is: the key's demand per window, and half again
-	demand := max(lc.prevAsked, lc.slowPrev)
-	if lc.askedIdx == idx {
-		demand = max(demand, lc.asked)
-	}
-	if lc.slowIdx == idx {
-		demand = max(demand, lc.slowUses)
-	}
-	return min(max(1, n, (3*demand+1)/2), p.rate/(leaseShare*f.instances))
-}
-
-// holdAhead places what exact call e held of the next window, with its
-// reply, at now: in a lease of that window (putGrant), marked held when
-// new. It is given back when the key's count in e's window, or the next
-// window's with the hold, is past Rate / holdFraction, or when it has no
-// place. Without a reply to the hold it is in doubt: its units stay
-// counted (the safe side).
-func (lc *lockedCounter) holdAhead(p *params, e *exactCall, now int64, f fleet) effects {
-	if e.ahead == 0 || !e.res.aheadOK {
-		return effects{}
-	}
-	idx := e.take.AdjustIdx + 1
-	start := f.clock.MonoAt(idx * p.periodUS)
-	end := start + p.periodNS
-	busy := e.res.err == nil && e.res.take.Count > p.rate/holdFraction || e.res.ahead > p.rate/holdFraction
-	if busy || lc.dead.Load() || f.draining || now >= end {
-		if p.policy.obsolete(idx, now, f) {
-			lc.expired += e.ahead
-			return effects{}
-		}
-		lc.owe(idx, e.ahead, 0)
-		return effects{visit: visitNow}
-	}
-	prev, cur := lc.next, lc.cur.Load()
-	x := lc.putGrant(p, idx, e.ahead, start, end, now, f)
-	for _, l := range [...]*lease{lc.next, lc.cur.Load()} {
-		if l == nil || l.idx != idx {
-			continue
-		}
-		if l != prev && l != cur {
-			// new: held, and the syncer hears of its first use (to hold
-			// the window after it: holdNext)
-			l.held = true
-			l.low.Store(l.avail.Load())
-		}
-		lc.setFree(l, idx, p.rate-e.res.ahead)
-	}
-	x.leasedAhead++
-	return x
-}
-
-// holdNext makes, at a sync tick, the call that holds the window after
-// the current one for a cold key that used its held lease of the current
-// window (see above): an exact call of no units (it carries the key's
-// debts of the window), nobody waiting on it. It returns nil when the key
-// is not such a key, or Redis' window is not certain now (at, mono).
-func (lc *lockedCounter) holdNext(p *params, id callID, now, at int64, t tickFacts, f fleet) *exactCall {
-	cur := lc.cur.Load()
-	if p.alg != ratelimit.FixedWindow || t.dead || f.draining || f.breaker != breaker.Closed ||
-		cur == nil || !cur.held || cur.pre || cur.chained || now >= cur.end || lc.next != nil ||
-		lc.out != nil || lc.inFlight() != nil || lc.warm(p, t, f) {
-		return nil
-	}
-	if plain, idx := plainWindow(p, id.now, at, f.clock); !plain || idx != cur.idx {
-		return nil
-	}
-	if lc.aheadUnits(p, cur.idx, 0, f) == 0 {
-		return nil
-	}
-	cur.chained = true
-	e := lc.newExact(p, id, 0, now, at, f)
-	if !e.plain || e.ahead == 0 {
-		lc.settleExact(e, false) // (unsent: what it carried is owed again)
-		return nil
-	}
-	e.bg = true
-	return e
+	return d, nil, v.or(visitSoon)
 }

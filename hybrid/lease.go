@@ -22,8 +22,6 @@ type lease struct {
 	end       int64         // mono ns of the window's end, by the best estimate: the lease serves before it (noEnd for a bucket)
 	known     bool          // idx came from Redis (false: estimated, to hold credit)
 	pre       bool          // leased ahead of its window and not used yet; guarded by the key's mutex
-	held      bool          // held ahead by a cold key's exact call (see holdAhead): kept to its window's end, quiet or not; guarded by the key's mutex
-	chained   bool          // held, and the syncer held the window after it too (see holdNext); guarded by the key's mutex
 }
 
 // unknownFree is lease.free when no reply told the window's remainder.

@@ -318,7 +318,10 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 		if err == nil && e != nil && e.late(h.clk.View()) {
 			// counted, perhaps in the window after its own: given back,
 			// and the decision taken again
-			h.settle(e, true)
+			lc := c.lock()
+			v := lc.settleExact(e, true)
+			lc.unlock()
+			h.tell(c, v)
 			continue
 		}
 		if err == nil && e != nil {
@@ -327,12 +330,15 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 			if attempt == 0 {
 				c.waited.Add(1)
 			}
-			d, l, x := c.decideExact(p, e, h.mono(), h.facts())
-			h.do(c, x)
+			d, l, v := c.decideExact(p, e, h.mono(), h.facts())
+			h.tell(c, v)
 			return d, l, nil
 		}
 		if e != nil { // its call failed: what it carried is settled on the safe side
-			h.settle(e, false)
+			lc := c.lock()
+			v := lc.settleExact(e, false)
+			lc.unlock()
+			h.tell(c, v)
 		}
 		if err != nil {
 			// e. no reply in time
@@ -444,19 +450,6 @@ func (h *Limiter) newID() callID {
 		id.now = h.clock().UnixMicro()
 	}
 	return id
-}
-
-// settle settles exact call e, which no decision takes as its own: what
-// it carried and counted (settleExact; all it counted goes back when
-// abandoned), and what it held of the next window.
-func (h *Limiter) settle(e *exactCall, abandoned bool) {
-	now, f := h.mono(), h.facts()
-	lc := e.c.lock()
-	v := lc.settleExact(e, abandoned)
-	x := lc.holdAhead(h.p, e, now, f)
-	lc.unlock()
-	x.visit = x.visit.or(v)
-	h.do(e.c, x)
 }
 
 // tell has the syncer visit c as v asks.

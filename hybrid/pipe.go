@@ -38,10 +38,6 @@ type request struct {
 	// fallback makes what is sent instead, in the same exchange, when the
 	// plain command met a key of another type (WRONGTYPE: it did not run).
 	fallback func() request
-	// ahead is 1 + the index in cmds of an increment whose reply is read
-	// into reply.ahead (0: none): a cold key's hold on the next window
-	// (see exactCall.ahead). It stands whatever the first command met.
-	ahead int
 }
 
 // reply is a request's reply, read.
@@ -52,10 +48,6 @@ type reply struct {
 	// plain: take is a plain increment's, its Idx and Now the caller's
 	// estimate (not a sample of Redis time), its units counted admitted or not
 	plain bool
-	// aheadOK: the request's ahead increment was answered, with the
-	// counter's value after it, ahead
-	ahead   int64
-	aheadOK bool
 }
 
 func parseLease(v any) (reply, error) {
@@ -121,11 +113,11 @@ func honorsDeadlines(client rediser) bool {
 func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange {
 	// Written by the call's goroutine: read only once it finished in time.
 	var x exchange
-	var cmds, aheads []*redis.Cmd
+	var cmds []*redis.Cmd
 	sent := reqs // what was sent last for each request (a fallback replaces it)
 	if !p.bounded(ctx, func(ctx context.Context) {
 		x.before = p.mono()
-		cmds, aheads, x.err = p.run(ctx, reqs)
+		cmds, x.err = p.run(ctx, reqs)
 		// Requests that did not run are sent again at once: those that met
 		// NOSCRIPT once the scripts are loaded, and plain commands that met
 		// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
@@ -153,7 +145,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			}
 			x.before = p.mono()
 			var redo []*redis.Cmd
-			redo, _, x.err = p.run(ctx, again)
+			redo, x.err = p.run(ctx, again)
 			for j, i := range at {
 				cmds[i] = redo[j]
 			}
@@ -172,42 +164,26 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			res[i].reply, err = sent[i].parse(v)
 		}
 		res[i].err, res[i].notRun = err, err != nil && notRun(err)
-		if aheads != nil && aheads[i] != nil {
-			if a, err := aheads[i].Int64(); err == nil {
-				res[i].ahead, res[i].aheadOK = a, true
-			}
-		}
 	}
 	return x
 }
 
-// run sends reqs in one pipeline. It returns each request's command whose
-// reply is the request's, and the ahead command of those that have one
-// (aheads is nil when none has).
-func (p *pipe) run(ctx context.Context, reqs []request) (cmds, aheads []*redis.Cmd, err error) {
+func (p *pipe) run(ctx context.Context, reqs []request) ([]*redis.Cmd, error) {
 	pl := p.client.Pipeline()
-	cmds = make([]*redis.Cmd, len(reqs))
+	cmds := make([]*redis.Cmd, len(reqs))
 	for i, r := range reqs {
 		if r.script == nil {
-			for j, c := range r.cmds {
-				cmd := pl.Do(ctx, c...)
-				if j == 0 {
-					cmds[i] = cmd
-				}
-				if j == r.ahead-1 {
-					if aheads == nil {
-						aheads = make([]*redis.Cmd, len(reqs))
-					}
-					aheads[i] = cmd
-				}
+			cmds[i] = pl.Do(ctx, r.cmds[0]...)
+			for _, c := range r.cmds[1:] {
+				pl.Do(ctx, c...)
 			}
 			continue
 		}
 		cmds[i] = r.script.EvalSha(ctx, pl, r.keys, r.args...)
 	}
-	_, err = pl.Exec(ctx)
+	_, err := pl.Exec(ctx)
 	p.roundTrips.Add(1)
-	return cmds, aheads, err
+	return cmds, err
 }
 
 // load loads the scripts of reqs (on every Cluster shard).

@@ -87,14 +87,14 @@ func (lc *lockedCounter) nextVisit(p *params, t tickFacts) int64 {
 // its window and never used by a key gone quiet.
 func (w windows) release(lc *lockedCounter, t tickFacts, f fleet) {
 	now := t.now
-	if l := lc.cur.Load(); l != nil && (now >= l.end || t.dead || f.draining || (l.pre && !l.held && now-max(t.lastUse, l.start) >= t.gap)) {
+	if l := lc.cur.Load(); l != nil && (now >= l.end || t.dead || f.draining || (l.pre && now-max(t.lastUse, l.start) >= t.gap)) {
 		lc.cur.Store(nil)
 		if now >= l.end {
 			lc.nextIdx = max(lc.nextIdx, l.idx+1)
 		}
 		lc.retire(w.p, l, now, f)
 	}
-	if l := lc.next; l != nil && (t.dead || f.draining || !l.held && now-t.lastUse >= max(t.gap, w.p.periodNS)) {
+	if l := lc.next; l != nil && (t.dead || f.draining || now-t.lastUse >= max(t.gap, w.p.periodNS)) {
 		lc.next = nil
 		lc.retire(w.p, l, now, f)
 	}
@@ -156,7 +156,7 @@ func (w windows) schedule(lc *lockedCounter, t tickFacts) int64 {
 		if at2 := t.end - lc.lead; lc.next == nil && (at2 > t.now && (lc.asked > 0 || lc.prevAsked > 0) || lc.worthAhead()) {
 			at = min(at, at2)
 		}
-		if cur.pre && !cur.held {
+		if cur.pre {
 			at = min(at, max(t.lastUse, cur.start)+t.gap)
 		}
 		if w.p.alg == ratelimit.SlidingWindow {

@@ -18,7 +18,7 @@ type Stats struct {
 	SyncRoundTrips uint64 // round trips a decision waited on
 	Leases         uint64 // grants of quota received from Redis
 	LeasedUnits    uint64 // units of quota granted
-	LeasedAhead    uint64 // grants of the next window's quota, leased before it began (a cold key's holds of the next window included: see ExactDecisions)
+	LeasedAhead    uint64 // grants of the next window's quota, leased before it began
 	NoReply        uint64 // decisions Redis did not answer in time (or answered with an error) while the breaker was closed: denied in Strict, on credit in Optimistic
 	Refunded       uint64 // unused leased units given back to Redis
 	Expired        uint64 // leased units whose window ended before they were used (counted in Redis, never admitted)

@@ -40,8 +40,8 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 	now := h.mono()
 	var calls []queued
 	for _, c := range batch {
-		if q := h.plan(c, now); q != nil {
-			calls = append(calls, q)
+		if k := h.plan(c, now); k != nil {
+			calls = append(calls, k)
 		}
 	}
 	var err error
@@ -67,9 +67,8 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 }
 
 // plan runs the key's state machine at a tick and returns the call to
-// send for it, if any, on its way: a lease call, or a cold key's call
-// that holds the next window (holdNext).
-func (h *Limiter) plan(c *counter, now int64) queued {
+// send for it, if any, on its way.
+func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 	c.dirty.Store(false)
 	c.touched.Store(false) // its next use tells the LRU table again
 	f := h.facts()
@@ -85,19 +84,14 @@ func (h *Limiter) plan(c *counter, now int64) queued {
 		t.dead = true
 	}
 	k, at := lc.plan(h.p, h.newID(), t, f)
+	if k != nil {
+		lc.startFlight(k)
+	}
 	if at > 0 {
 		h.wheel.visitAt(lc, at, now)
 	}
 	h.tell(c, v)
-	if k != nil {
-		lc.startFlight(k)
-		return k
-	}
-	if e := lc.holdNext(h.p, h.newID(), now, h.mono(), t, f); e != nil {
-		h.exacts.Add(1)
-		return e
-	}
-	return nil
+	return k
 }
 
 // send sends the calls of batch in one pipeline and applies the replies:
@@ -173,11 +167,11 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 				h.clk.Observe(r.win.Now, x.before, x.after)
 			}
 		}
-		switch ok := q.answered(r, x); {
-		case q.bg: // (no decision: it held the next window)
-			h.settle(q, false)
-		case !ok: // the decision left: what the call counted goes back
-			h.settle(q, true)
+		if !q.answered(r, x) { // the decision left: what the call counted goes back
+			lc := q.c.lock()
+			v := lc.settleExact(q, true)
+			lc.unlock()
+			h.tell(q.c, v)
 		}
 	}
 }
