@@ -126,12 +126,9 @@ func after(d time.Duration) <-chan struct{} {
 // every key has been seen, and denies nothing. The window rolls three
 // times while it is measured: the roll must cost no waiting. It logs its
 // speed against per-request Redis (global limiters, one per worker) and
-// against a batching global, each side's rate its best of three
-// stretches, but asserts none: speed is for benchmarks
-// (bench: BenchmarkHybrid10kKeys beside BenchmarkPerRequestRedis). On this
-// project's shared 2-core VMs the ratio, asserted at 20x, failed CI at
-// 18.7x and 14.9x with no change in the code it measures, and ran 20-80x
-// in other runs of that same code.
+// against a batching global, but asserts none: speed is for benchmarks
+// (bench: BenchmarkHybrid10kKeys beside BenchmarkPerRequestRedis). On
+// these shared 2-core VMs the ratio ran from 13x to 80x on the same code.
 const warmup, maxWarmup = 2500 * time.Millisecond, 12 * time.Second
 
 func TestManyKeysUnderLimit(t *testing.T) {
@@ -199,35 +196,25 @@ func TestManyKeysUnderLimit(t *testing.T) {
 			}
 		}
 	}
-	// Each is measured in three consecutive stretches, its rate its best
-	// stretch: on a shared host a burst of other work in one stretch would
-	// otherwise decide the ratio. (The hybrid's loop is not interrupted
-	// between its stretches: a key left unused for a window goes cold.)
-	var decisions, denied, errs int64
-	var gDecisions, gDenied, gErrs, sDecisions, sDenied, sErrs int64
-	var hybridRate, globalRate, sharedRate float64
-	measure := func(ls []ratelimit.Limiter, workers int, d time.Duration, sum, dSum, eSum *int64, best *float64) {
-		for i := 0; i < 3; i++ {
-			start := time.Now()
-			n, dn, e := closedLoop(ls, keys, workers, after(d))
-			*best = max(*best, float64(n)/time.Since(start).Seconds())
-			*sum, *dSum, *eSum = *sum+n, *dSum+dn, *eSum+e
-		}
+	rate := func(ls []ratelimit.Limiter, workers int, d time.Duration) (n, dn, e int64, perSec float64) {
+		start := time.Now()
+		n, dn, e = closedLoop(ls, keys, workers, after(d))
+		return n, dn, e, float64(n) / time.Since(start).Seconds()
 	}
 	rt0, s0 := sumRT(hooks), sumStats(hs)
-	measure(ls, workers, time.Second, &decisions, &denied, &errs, &hybridRate)
+	decisions, denied, errs, hybridRate := rate(ls, workers, 3*time.Second)
 	rt, s1 := sumRT(hooks)-rt0, sumStats(hs)
 	waited := (s1.Decisions - s1.LocalDecisions) - (s0.Decisions - s0.LocalDecisions)
-	measure(gs, 1, 500*time.Millisecond, &gDecisions, &gDenied, &gErrs, &globalRate)
-	measure(gShared, workers, 500*time.Millisecond, &sDecisions, &sDenied, &sErrs, &sharedRate)
+	gDecisions, gDenied, gErrs, globalRate := rate(gs, 1, 1500*time.Millisecond)
+	sDecisions, sDenied, sErrs, sharedRate := rate(gShared, workers, 1500*time.Millisecond)
 
 	s := sumStats(hs)
 	t.Logf("warm-up: denied %d errors %d, %d round trips; no reply in time %d, fallback %d", wDenied, wErrs, warmRT, s.NoReply, s.Fallback)
-	t.Logf("hybrid: %d decisions (best round %.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions), %d decisions waited on Redis (%.2f per 1,000); sync round trips since New %d",
+	t.Logf("hybrid: %d decisions (%.0f/s), denied %d, errors %d, %d round trips (%.2f per 1,000 decisions), %d decisions waited on Redis (%.2f per 1,000); sync round trips since New %d",
 		decisions, hybridRate, denied, errs, rt, 1000*float64(rt)/float64(decisions), waited, 1000*float64(waited)/float64(decisions), s.SyncRoundTrips)
-	t.Logf("global, per request: %d decisions (best round %.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
+	t.Logf("global, per request: %d decisions (%.0f/s), denied %d, errors %d; hybrid / global = %.1fx",
 		gDecisions, globalRate, gDenied, gErrs, hybridRate/globalRate)
-	t.Logf("global, one limiter per instance (shared round trips): %d decisions (best round %.0f/s); hybrid / that = %.1fx",
+	t.Logf("global, one limiter per instance (shared round trips): %d decisions (%.0f/s); hybrid / that = %.1fx",
 		sDecisions, sharedRate, hybridRate/sharedRate)
 	require.Zero(t, errs+wErrs+gErrs+sErrs)
 	require.Zero(t, denied+wDenied, "every key is far under its limit")
