@@ -28,7 +28,9 @@
 -- count that bounds further grants: the weighted estimate now or, if
 -- larger, what the next window will start from); when grant < min, the
 -- microseconds until min units could fit; the same pair for the next window.
--- flag 0: applied now. 1: a resent call that was applied before: its
+-- flag 0: applied now (also a resent call that had been sent as a plain
+-- increment, whose record nonce .. '!' this call finds: its units are
+-- given back first). 1: a resent call that was applied before: its
 -- original grants are returned and nothing is applied again. 2: a resent
 -- call whose first attempt cannot be told applied or not (another call
 -- wrote the record since): only its credit is applied (counting it twice is
@@ -132,11 +134,20 @@ local function size(w, lo, room)
   return w
 end
 
+local plain_ran = nil
 if resent and nonce ~= '' then
   for i = idx + 1, idx - 2, -1 do
     local x = get(i)
     local r = nil
     if x.t == 'hash' then r = redis.call('HGET', x.k, 'r') end
+    if r == nonce .. '!' then
+      -- The call was sent as a plain increment of window i's counter by
+      -- want + want_next (the hybrid's plain lease), which wrote this
+      -- record after it: it ran. Its units are given back, and the call
+      -- is made now as a new one.
+      plain_ran = x
+      break
+    end
     local g, colon, gn
     if r and string.sub(r, 1, #nonce) == nonce then
       g, colon, gn = string.match(string.sub(r, #nonce + 1), '^(%w*)(:?)(%w*)$')
@@ -160,6 +171,15 @@ end
 local lo = idx
 if sw then lo = idx - 1 end
 local adjusted = false
+if plain_ran then
+  resent = false
+  if plain_ran.i >= lo then
+    local c = plain_ran.c - want - want_next
+    if c < 0 then c = 0 end
+    set(plain_ran.i, c)
+    adjusted = true
+  end
+end
 for j = 12, #ARGV - 2, 3 do
   local w, refund, use = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   -- Windows that no longer bound anything are left alone.

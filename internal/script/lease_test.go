@@ -242,6 +242,48 @@ func TestLeaseResend(t *testing.T) {
 	require.EqualValues(t, 61, l.count(w), "credit counted again (the safe side), the refund not applied twice")
 }
 
+// A call the hybrid sent as a plain increment (HINCRBY of a window's
+// counter by what it wants, then its record nonce + "!"), resent through
+// the script after its reply was lost: the script finds the record, gives
+// the increment back, and leases as for a new call; without the record
+// (the increment did not run, or another call's record replaced it) it is
+// unknown and grants nothing.
+func TestLeaseResendPlain(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	lim := ratelimit.Limit{Rate: 1000, Period: time.Second}
+	t0 := 1_700_000_450 * sec
+	w := t0 / sec
+	l := newLeaser(t, c, "resendplain", ratelimit.FixedWindow, lim)
+	require.EqualValues(t, 40, l.call(script.LeaseArgs{Now: t0 + 1, Want: 40, Nonce: "bbbbbb"}).Grant)
+	plain := func(idx, n int64, nonce string) {
+		k := script.WindowKey(l.base, l.kind, idx)
+		require.NoError(t, c.HIncrBy(ctx, k, "c", n).Err())
+		require.NoError(t, c.HSet(ctx, k, "r", nonce+"!").Err())
+	}
+	// the current window
+	plain(w, 25, "aaaaaa")
+	r := l.call(script.LeaseArgs{Now: t0 + 2, Want: 25, Nonce: "aaaaaa", Resent: true})
+	require.False(t, r.Replayed || r.Unknown)
+	require.EqualValues(t, 25, r.Grant)
+	require.EqualValues(t, 65, l.count(w), "the plain increment given back, the grant counted once")
+	// the next window, leased ahead
+	plain(w+1, 7, "cccccc")
+	r = l.call(script.LeaseArgs{Now: t0 + 3, WantNext: 7, Lead: sec, Nonce: "cccccc", Resent: true})
+	require.False(t, r.Replayed || r.Unknown)
+	require.EqualValues(t, 7, r.GrantNext)
+	require.EqualValues(t, 7, l.count(w+1))
+	// another caller's record since: unknown, the units stay counted
+	plain(w, 10, "dddddd")
+	l.call(script.LeaseArgs{Now: t0 + 4, Want: 1, Nonce: "eeeeee"})
+	r = l.call(script.LeaseArgs{Now: t0 + 5, Want: 10, Nonce: "dddddd", Resent: true})
+	require.True(t, r.Unknown)
+	require.Zero(t, r.Grant)
+	require.EqualValues(t, 76, l.count(w), "counted once, never given back without the record")
+}
+
 // A call that changes nothing (a probe, a lease the window cannot serve)
 // writes no record, so it does not make another call's resend unknown.
 func TestLeaseNoRecordForNothing(t *testing.T) {
