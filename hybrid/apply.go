@@ -56,7 +56,21 @@ func (w windows) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 	p := w.p
 	end := f.clock.End(r.Idx, r.Reset, x.before, x.after) // window r.Idx's end
 	var e effects
-	_, e.visit = lc.roll(p, x.after, f)
+	if rep.plain {
+		// a plain lease (see makePlain): the window's end by the estimate,
+		// and what was counted and not granted owed back
+		end = f.clock.MonoAt((r.Idx + 1) * p.periodUS)
+		if a.Want > 0 && r.Grant > 0 && a.Now <= 0 && f.clock.Late(r.Idx, x.after) {
+			r.Grant, r.Retry = 0, 0 // perhaps counted after its window ended: no grant of it
+		}
+		lc.owe(r.Idx, a.Want-r.Grant, 0)
+		lc.owe(r.Idx+1, a.WantNext-r.GrantNext, 0)
+		if a.Want > r.Grant || a.WantNext > r.GrantNext {
+			e.visit = visitNow
+		}
+	}
+	_, v := lc.roll(p, x.after, f)
+	e.visit = e.visit.or(v)
 	if a.Want > 0 || r.Grant > 0 {
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 		switch {

@@ -23,6 +23,12 @@ type leaseCall struct {
 	// flight is the attempt on its way, while it is; guarded by the key's
 	// mutex.
 	flight *flight
+	// plain: sent as a plain increment of one window's counter (see
+	// makePlain), made when the key was in window plainIdx, at server time
+	// serverUS (microseconds).
+	plain    bool
+	plainIdx int64
+	serverUS int64
 }
 
 // flight is one attempt of a lease call on its way: the decisions of the
@@ -94,6 +100,7 @@ func (lc *lockedCounter) resend() *leaseCall {
 	if k == nil {
 		return nil
 	}
+	k.plain = false // sent again through lease.lua, which knows no record of a plain call: it grants nothing
 	if k.notRun {
 		k.notRun = false
 	} else if k.bucket {
@@ -166,6 +173,9 @@ func (k *leaseCall) base() string {
 
 // request returns the call as the pipe sends it.
 func (k *leaseCall) request() request {
+	if k.plain {
+		return k.plainRequest()
+	}
 	if k.bucket {
 		return request{script: script.Bucket, keys: k.bkt.Keys(), args: k.bkt.Args(), parse: parseBucket}
 	}

@@ -290,13 +290,58 @@ func TestLostReplyCountedOnce(t *testing.T) {
 	require.Greater(t, leased, 30)
 
 	// Lose the reply to the flush's script call (its SHA is in the request),
-	// after Redis applied it.
+	// after Redis applied it. The lease was a plain increment, so the
+	// script is loaded first: a NOSCRIPT reply lost instead would leave a
+	// call that never ran in doubt.
+	require.NoError(t, script.Lease.Load(context.Background(), direct).Err())
 	p.DropReplyTo([]byte(script.Lease.Hash()))
 	require.Error(t, h.Flush(context.Background()), "the reply was lost")
 	require.Equal(t, 30, redisCount(t, direct, prefix, "k", idx), "Redis applied the refund")
 	require.NoError(t, h.Flush(context.Background()))
 	require.Equal(t, 30, redisCount(t, direct, prefix, "k", idx), "the retried refund must not apply twice")
 	require.EqualValues(t, 1, p.Stats().RepliesDropped)
+}
+
+// A plain lease whose reply was lost after Redis applied it is counted
+// once: its resend (through lease.lua) finds the record the increment
+// wrote, gives the units back and leases anew, and in the end Redis counts
+// exactly what the instance admitted.
+func TestLostPlainLeaseCountedOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, PoolSize: 1})
+	defer c.Close()
+	direct := srv.Client()
+	defer direct.Close()
+	limit := ratelimit.Limit{Rate: 1000, Period: 20 * time.Second}
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, limit.Period, 10*time.Second)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithSyncInterval(time.Hour), hybrid.WithInstances(1),
+		hybrid.WithTimeout(200*time.Millisecond))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	// the key's first decision is counted exactly (a cold key); the
+	// second leases, by a plain increment whose reply is lost
+	d, err := h.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, 1, redisCount(t, direct, prefix, "k", idx))
+	p.DropReplyTo([]byte("!\r\n")) // the record's value, nonce + "!"
+	admitted := 1
+	for i := 0; i < 30; i++ {
+		d, err := h.Allow(ctx, "k")
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	require.EqualValues(t, 1, p.Stats().RepliesDropped, "the plain lease's reply was lost")
+	require.Greater(t, admitted, 20, "the key leased again after the lost reply")
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, admitted, redisCount(t, direct, prefix, "k", idx), "Redis counts exactly what the instance admitted")
 }
 
 // A Redis out of memory (maxmemory with noeviction) is a failure like any

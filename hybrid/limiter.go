@@ -391,6 +391,9 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 			id = h.newID()
 		}
 		k := lc.ask(h.p, id, n, now, f)
+		if id.seq != 0 {
+			lc.makePlain(h.p, k, now, f)
+		}
 		fl = lc.startFlight(k)
 		lc.unlock()
 		h.asks.add(k)

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -155,5 +156,202 @@ func TestGrantBeforeRolledWindow(t *testing.T) {
 	// Once window 10 ends, window 11's lease is current again.
 	if rolled, _ := k.c.roll(k.p, 11*sec, k.f); !rolled || k.c.cur.Load() != ahead {
 		t.Fatalf("rolled %v, current %+v; want window 11's lease back", rolled, k.c.cur.Load())
+	}
+}
+
+// plainAsk makes the lease call of a decision of n units at now as the
+// Limiter does: a plain lease when it can be one. The key has seen its
+// window's remainder: 900 free, unless the test says otherwise.
+func (k *keyTest) plainAsk(n, now int64) *leaseCall {
+	lc := k.c.lock()
+	defer lc.unlock()
+	if _, known := lc.knownFree(now / k.p.periodNS); !known {
+		lc.setFree(nil, now/k.p.periodNS, 900)
+	}
+	call := lc.ask(k.p, k.id(), n, now, k.f)
+	lc.makePlain(k.p, call, now, k.f)
+	lc.startFlight(call)
+	return call
+}
+
+// A FixedWindow lease call that asks one window's units and carries no
+// debts is a plain increment of that window's counter by what it wants,
+// with the expiry lease.lua sets and lease.lua as its fallback. Its reply
+// grants what fits under the limit, as lease.lua would; what was counted
+// and not granted is owed back.
+func TestPlainLease(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	now := 10*sec + 100*ms
+	call := k.plainAsk(1, now)
+	want := call.win.Want
+	if !call.plain || call.plainIdx != 10 || want < 2 {
+		t.Fatalf("call %+v; want a plain lease of window 10 of more than the decision's unit", call.win)
+	}
+	r := call.request()
+	key := script.WindowKey(call.win.Base, call.win.Kind, 10)
+	if r.script != nil || len(r.cmds) != 3 || r.fallback == nil || r.fallback().script != script.Lease {
+		t.Fatalf("request %+v; want three plain commands and lease.lua as the fallback", r)
+	}
+	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != key || c[2] != "c" || c[3] != want {
+		t.Errorf("increment %v; want hincrby %s c %d", c, key, want)
+	}
+	if c := r.cmds[1]; c[0] != "hset" || c[1] != key || c[2] != "r" || c[3] != call.win.Nonce+"!" {
+		t.Errorf("record %v; want hset %s r %s!", c, key, call.win.Nonce)
+	}
+	if c := r.cmds[2]; c[0] != "pexpireat" || c[1] != key || c[2] != int64(12_000) {
+		t.Errorf("expiry %v; want pexpireat %s at the window's end and a second", c, key)
+	}
+	// Within the limit: all of it granted.
+	rep, err := r.parse(int64(400) + want)
+	if err != nil || !rep.plain || rep.win.Idx != 10 || rep.win.Grant != want || rep.win.Count != 400+want {
+		t.Fatalf("reply %+v, %v; want all %d granted", rep, err, want)
+	}
+	k.reply(call, now, rep)
+	if k.avail() != want || len(k.debts()) != 0 {
+		t.Fatalf("holds %d, debts %+v; want %d and none", k.avail(), k.debts(), want)
+	}
+	lc := k.c.lock()
+	free, known := lc.knownFree(10)
+	lc.unlock()
+	if !known || free != 1000-400-want {
+		t.Errorf("known free %d %v; want %d", free, known, 1000-400-want)
+	}
+
+	// Over the limit: what fits is granted, the rest owed back.
+	k = newKeyTest(t, perSecond1000)
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	call = k.plainAsk(1, now)
+	want = call.win.Want
+	rep, _ = call.request().parse(1000 + want - 2)
+	if rep.win.Grant != 2 {
+		t.Fatalf("grant %d; want the 2 that fit", rep.win.Grant)
+	}
+	if e := k.reply(call, now, rep); e.visit != visitNow {
+		t.Errorf("effects %+v; the excess must go back soon", e)
+	}
+	if got := k.debts(); k.avail() != 2 || len(got) != 1 || got[0] != (debt{idx: 10, refund: want - 2}) {
+		t.Errorf("holds %d, debts %+v; want 2 held and %d owed back to window 10", k.avail(), got, want-2)
+	}
+
+	// Less than the call's Min fits: nothing granted, all of it owed back,
+	// the key refused until the window ends.
+	k = newKeyTest(t, perSecond1000)
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	call = k.plainAsk(3, now)
+	want = call.win.Want
+	rep, _ = call.request().parse(1000 + want - 2)
+	if rep.win.Grant != 0 || rep.win.Retry != 900_000 {
+		t.Fatalf("reply %+v; want no grant, retry at the window's end", rep.win)
+	}
+	k.reply(call, now, rep)
+	if got := k.debts(); k.avail() > 0 || len(got) != 1 || got[0] != (debt{idx: 10, refund: want}) {
+		t.Errorf("holds %d, debts %+v; want nothing held and %d owed back", k.avail(), got, want)
+	}
+	if _, _, ok := k.take(1, now+ms); ok {
+		t.Error("a refused key took in memory")
+	}
+}
+
+// A plain lease read within the clock's error bound of its window's end
+// may have counted after the window ended: no grant of it, all owed back.
+func TestPlainLeaseLate(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	now := 10*sec + 900*ms
+	call := k.plainAsk(1, now)
+	rep, _ := call.request().parse(int64(10))
+	lc := k.c.lock()
+	lc.apply(k.p, call, rep, exchange{before: now, after: 11*sec - 500*int64(time.Microsecond), ok: true}, k.f)
+	lc.endFlight(call, call.flight, nil, false)
+	lc.unlock()
+	if got := k.debts(); k.avail() > 0 || len(got) != 1 || got[0] != (debt{idx: 10, refund: call.win.Want}) {
+		t.Errorf("holds %d, debts %+v; want nothing held, all owed back", k.avail(), got)
+	}
+}
+
+// The syncer's lease of the next window near the current one's end is a
+// plain increment of the next window's counter; its grant waits as the
+// lease ahead.
+func TestPlainLeaseAhead(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	k.lease(10*sec, 100, 100) // 900 free: far from the limit
+	k.tick(10 * sec)
+	for i := 0; i < 3; i++ {
+		k.mustTake(1, 10*sec+500*ms)
+	}
+	now := 11*sec - 150*ms
+	call, _, _ := k.tick(now)
+	if call == nil || !call.plain || call.win.WantNext == 0 || call.win.Want != 0 {
+		t.Fatalf("call %+v; want a plain lease of the next window", call)
+	}
+	r := call.request()
+	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != script.WindowKey(call.win.Base, call.win.Kind, 11) || c[3] != call.win.WantNext {
+		t.Fatalf("increment %v; want window 11's counter by %d", c, call.win.WantNext)
+	}
+	if c := r.cmds[2]; c[2] != int64(13_000) {
+		t.Errorf("expiry %v; want window 11's end and a second", c)
+	}
+	rep, _ := r.parse(call.win.WantNext)
+	e := k.reply(call, now, rep)
+	if e.leasedAhead != 1 || k.c.next == nil || k.c.next.idx != 11 || k.c.next.avail.Load() != call.win.WantNext || len(k.debts()) != 0 {
+		t.Errorf("effects %+v, next %+v, debts %+v; want window 11's lease ahead", e, k.c.next, k.debts())
+	}
+}
+
+// Calls a plain increment cannot make go through lease.lua: without a
+// sample of Redis time, near the window's edges, for SlidingWindow,
+// carrying debts, for a window whose remainder was not seen or would not
+// leave half the limit free with every instance asking as much, and a call
+// sent again after its reply was lost.
+func TestPlainLeaseNot(t *testing.T) {
+	withClock := func(k *keyTest) *keyTest {
+		k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+		return k
+	}
+	now := 10*sec + 100*ms
+	if call := newKeyTest(t, perSecond1000).plainAsk(1, now); call.plain {
+		t.Error("plain before any sample of Redis time")
+	}
+	if call := withClock(newKeyTest(t, perSecond1000)).plainAsk(1, 11*sec-100*int64(time.Microsecond)); call.plain {
+		t.Error("plain within the error bound of the window's end")
+	}
+	if call := withClock(newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))).plainAsk(1, now); call.plain {
+		t.Error("plain for SlidingWindow")
+	}
+	k := withClock(newKeyTest(t, perSecond1000))
+	lc := k.c.lock()
+	lc.owe(10, 3, 0)
+	lc.unlock()
+	if call := k.plainAsk(1, now); call.plain || len(call.win.Adjust) != 1 {
+		t.Errorf("call %+v: plain, or its debt left behind", call.win)
+	}
+	// near the limit, or the remainder never seen: what a plain increment
+	// counts over the limit would refuse other instances until given back
+	for _, c := range []struct {
+		free  int64 // -1: unknown
+		plain bool
+	}{{500, false}, {500 + 62 - 1, false}, {500 + 62, true}, {-1, false}} { // (62: what the call asks)
+		k = withClock(newKeyTest(t, perSecond1000))
+		lc = k.c.lock()
+		if c.free >= 0 {
+			lc.setFree(nil, 10, c.free)
+		}
+		call := lc.ask(k.p, k.id(), 1, now, k.f)
+		lc.makePlain(k.p, call, now, k.f)
+		lc.unlock()
+		if call.win.Want != 62 || call.plain != c.plain {
+			t.Errorf("%d free (-1: unknown): asks %d, plain %v; want 62, %v", c.free, call.win.Want, call.plain, c.plain)
+		}
+	}
+	k = withClock(newKeyTest(t, perSecond1000))
+	call := k.plainAsk(1, now)
+	k.lost(call, false)
+	lc = k.c.lock()
+	again := lc.ask(k.p, callID{}, 1, now, k.f)
+	lc.unlock()
+	if again != call || again.plain || !again.win.Resent || again.request().script != script.Lease {
+		t.Errorf("resend %+v; want the same call, resent through lease.lua", again.win)
 	}
 }

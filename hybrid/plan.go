@@ -69,6 +69,7 @@ func (lc *lockedCounter) plan(p *params, id callID, t tickFacts, f fleet) (k *le
 	if k.empty() {
 		return nil, visitAt
 	}
+	lc.makePlain(p, k, t.now, f)
 	return k, visitAt
 }
 

@@ -634,3 +634,77 @@ func quota(tl, tries *tally, keys []string, rate int, from, to time.Time) (over 
 	}
 	return over, full, past, reached
 }
+
+// Leases of FixedWindow keys far from their limit are plain increments of
+// the window's counter (see makePlain), not lease.lua calls; near the
+// limit lease.lua leases. Two hybrid instances and, beside them, a global
+// Limiter and a global Multi (whose counters are strings: a plain
+// increment meets WRONGTYPE and lease.lua leases instead, in the same
+// exchange), on 200 keys:
+//   - far from the limit (a million per second): no denial, and most of
+//     the hybrid instances' leases made without lease.lua when they are
+//     alone; plain calls that met the Multi's strings fell back;
+//   - driven past a limit of 100 per second: no key-window over, at least
+//     97% of them at the limit.
+func TestPlainLeasesShareQuota(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, c := range []struct {
+		name  string
+		rate  int
+		mixed bool
+	}{{"far", 1_000_000, false}, {"far-mixed", 1_000_000, true}, {"near-mixed", 100, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			limit := ratelimit.PerSecond(c.rate)
+			prefix := uniq(t)
+			var ls []ratelimit.Limiter
+			var hs []*hybrid.Limiter
+			for i := 0; i < 2; i++ {
+				h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+				require.NoError(t, err)
+				t.Cleanup(func() { h.Close() })
+				hs, ls = append(hs, h), append(ls, h)
+				if !c.mixed {
+					continue
+				}
+				var g ratelimit.Limiter
+				if i == 0 {
+					g, err = global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+				} else {
+					g, err = global.NewMulti(srv.Client(), []ratelimit.Limit{limit}, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+				}
+				require.NoError(t, err)
+				ls = append(ls, g)
+			}
+			keys := make([]string, 200)
+			for i := range keys {
+				keys[i] = "plain-" + strconv.Itoa(i)
+			}
+			rc := srv.Client()
+			defer rc.Close()
+			require.NoError(t, rc.ConfigResetStat(context.Background()).Err())
+			tl, tries := newTally(limit.Period), newTally(limit.Period)
+			from := time.Now()
+			allowed, denied := hammerRandom(t, ls, keys, 6, 3500*time.Millisecond, tl, tries)
+			to := time.Now()
+			over, full, past, reached := quota(tl, tries, keys, c.rate, from, to)
+			stats := commandStats(t, rc)
+			s := sumStats(hs)
+			t.Logf("allowed %d denied %d; of %d full key-windows, %d driven past the limit, %d of them at the limit; hybrid leases %d, exact decisions %d; EVALSHA %d, HINCRBY %d (%d met a string)",
+				allowed, denied, full, past, reached, s.Leases, s.ExactDecisions, stats["evalsha"][0], stats["hincrby"][0], stats["hincrby"][1])
+			require.Empty(t, over, "key-windows over the limit")
+			require.GreaterOrEqual(t, full, 2*len(keys), "the run must span 2 full windows")
+			if c.rate == 100 {
+				require.Positive(t, past)
+				require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
+				return
+			}
+			require.Zero(t, denied)
+			require.Greater(t, s.Leases, uint64(2*len(keys)), "the keys lease")
+			if c.mixed {
+				require.Positive(t, stats["hincrby"][1], "plain calls met counters the global Multi wrote (WRONGTYPE)")
+			} else {
+				require.Less(t, stats["evalsha"][0], int64(s.Leases/2), "most leases are plain increments")
+			}
+		})
+	}
+}
