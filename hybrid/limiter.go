@@ -127,7 +127,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h := &Limiter{p: newParams(limit, cfg), cfg: cfg, clock: cfg.clock}
 	h.start = cfg.now()
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
-	h.pipe = pipe{client: client, mono: h.mono, calls: &h.calls, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
+	h.pipe = pipe{client: client, mono: h.mono, runners: &runners{wg: &h.calls}, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
 	h.asks = newRouter(client, func() *queue {
 		gap := func() time.Duration { return gapFor(2 * time.Duration(h.clk.ErrorBound())) } // the kept sample's round trip
 		return &queue{maxInFlight: pipelinesPerNode, gap: gap, mono: h.mono, wg: &h.inflight, send: func(batch []queued) {

@@ -82,7 +82,7 @@ type exchange struct {
 type pipe struct {
 	client     rediser
 	mono       func() int64
-	calls      *gosync.WaitGroup // goroutines of calls in flight, for Close to wait on
+	runners    *runners // the goroutines calls run on when not on the caller's (see bounded)
 	roundTrips *atomic.Uint64
 	// ctxBound: the client ends a call at its context's deadline
 	// (ContextTimeoutEnabled), so a call runs on the caller's goroutine;
@@ -204,11 +204,7 @@ func (p *pipe) load(ctx context.Context, reqs []request) error {
 // call runs one request on its own, bounded by ctx as exec is.
 func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) error {
 	res := make(chan error, 1)
-	p.calls.Add(1)
-	go func() {
-		defer p.calls.Done()
-		res <- fn(ctx)
-	}()
+	p.runners.run(func() { res <- fn(ctx) })
 	select {
 	case err := <-res:
 		return err
@@ -217,7 +213,7 @@ func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) err
 	}
 }
 
-// bounded runs fn on a goroutine the Limiter tracks and waits for it until
+// bounded runs fn on a goroutine of p.runners and waits for it until
 // ctx is done, whatever the Redis client's own timeouts: a call the client
 // does not give up on by itself (one without ContextTimeoutEnabled waits its
 // ReadTimeout) is abandoned there, and ends on its own later. It reports
@@ -230,12 +226,10 @@ func (p *pipe) bounded(ctx context.Context, fn func(ctx context.Context)) bool {
 		return ctx.Err() == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}
 	done := make(chan struct{})
-	p.calls.Add(1)
-	go func() {
-		defer p.calls.Done()
+	p.runners.run(func() {
 		fn(ctx)
 		close(done)
-	}()
+	})
 	select {
 	case <-done:
 		return true
@@ -267,4 +261,67 @@ func notRun(err error) bool {
 		return true
 	}
 	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}
+
+// runners runs calls on goroutines of their own (see pipe.bounded), kept
+// once started: a new goroutine per pipeline would grow its stack through
+// go-redis's calls every time, which cost the client about a tenth of its
+// CPU per round trip on the sim's cold row. Up to maxIdleRunners wait for
+// the next call; stop ends them (Close). Calls run after stop still run,
+// each on a goroutine that ends with it. wg counts the goroutines.
+type runners struct {
+	wg      *gosync.WaitGroup
+	mu      gosync.Mutex
+	idle    []chan func()
+	stopped bool
+	started int // goroutines started, ever
+}
+
+// maxIdleRunners: about the pipelines a Limiter has on their way at once
+// near Redis, with the probes and the syncer's calls beside them.
+const maxIdleRunners = 4
+
+// run runs fn on an idle runner, or on a new one.
+func (r *runners) run(fn func()) {
+	r.mu.Lock()
+	if n := len(r.idle); n > 0 {
+		work := r.idle[n-1]
+		r.idle = r.idle[:n-1]
+		r.mu.Unlock()
+		work <- fn
+		return
+	}
+	r.started++
+	r.mu.Unlock()
+	work := make(chan func(), 1)
+	work <- fn
+	r.wg.Add(1)
+	go r.loop(work)
+}
+
+// loop runs what comes on work until it is closed, or until it finds no
+// place among the idle runners.
+func (r *runners) loop(work chan func()) {
+	defer r.wg.Done()
+	for fn := range work {
+		fn()
+		r.mu.Lock()
+		if r.stopped || len(r.idle) >= maxIdleRunners {
+			r.mu.Unlock()
+			return
+		}
+		r.idle = append(r.idle, work)
+		r.mu.Unlock()
+	}
+}
+
+// stop ends the idle runners, and every busy one once its call returns.
+func (r *runners) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = true
+	for _, work := range r.idle {
+		close(work)
+	}
+	r.idle = nil
 }
