@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"fmt"
+	"runtime"
 	gosync "sync"
 	"testing"
 	"time"
@@ -107,4 +109,58 @@ func TestGapFor(t *testing.T) {
 	require.Zero(t, gapFor(0), "no round trip measured yet")
 	require.Equal(t, minGap, gapFor(farRTT))
 	require.Equal(t, 100*time.Millisecond/gapDiv, gapFor(100*time.Millisecond))
+}
+
+// waiter is a queued call whose caller waits for its answer.
+type waiter struct {
+	name string
+	done chan struct{}
+}
+
+func (w *waiter) request() request { return request{} }
+func (w *waiter) base() string     { return w.name }
+
+// Callers answered by a batch queue their next calls before the next batch
+// goes, so the callers of a closed loop share every round trip instead of
+// splitting into groups that alternate (awaitReturn). On one processor
+// the order is fixed: a batch's round trip (a sleep) lets every caller
+// queue; without the yields after it, one caller answered last would
+// always miss the next batch and take a round trip of its own.
+func TestQueueAnsweredCallersShareNextBatch(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const callers, rounds = 4, 20
+	var sizes []int
+	var wg gosync.WaitGroup
+	start := time.Now()
+	q := &queue{maxInFlight: 1, gap: func() time.Duration { return 0 }, mono: func() int64 { return int64(time.Since(start)) },
+		wg: &wg, send: func(batch []queued) {
+			sizes = append(sizes, len(batch)) // one sender at a time (maxInFlight 1, no gap)
+			time.Sleep(time.Millisecond)      // the round trip
+			for _, c := range batch {
+				close(c.(*waiter).done)
+			}
+		}}
+	var callersWG gosync.WaitGroup
+	for i := range callers {
+		callersWG.Add(1)
+		go func() {
+			defer callersWG.Done()
+			for r := range rounds {
+				w := &waiter{name: fmt.Sprintf("c%d-%d", i, r), done: make(chan struct{})}
+				q.add(w)
+				<-w.done
+			}
+		}()
+	}
+	callersWG.Wait()
+	wg.Wait()
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	require.Equal(t, callers*rounds, total, "every call sent once")
+	// The first caller's first call goes alone; from then on each batch
+	// carries every caller's call: rounds+1 batches.
+	require.LessOrEqual(t, len(sizes), rounds+1, "batch sizes %v", sizes)
+	require.True(t, q.idle())
 }
