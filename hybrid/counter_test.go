@@ -790,6 +790,20 @@ func TestColdRegime(t *testing.T) {
 	if !lc.cold(k.p, 1, 13*sec+10*ms, k.f) {
 		t.Error("a key quiet for a window leased")
 	}
+	// Asked once in the window before and once now: about once a window,
+	// and a FixedWindow lease left unused expires with its window.
+	if lc.cold(k.p, 1, 14*sec+10*ms, k.f) {
+		t.Error("a FixedWindow key asked in each of two windows running was counted exactly")
+	}
+	lc.unlock()
+
+	sliding := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	lc = sliding.c.lock()
+	for _, at := range []int64{13*sec + 10*ms, 14*sec + 10*ms} {
+		if !lc.cold(sliding.p, 1, at, sliding.f) {
+			t.Error("a SlidingWindow key asked once a window leased: what it leaves costs a refund")
+		}
+	}
 	lc.unlock()
 
 	small := newKeyTest(t, ratelimit.Limit{Rate: 20, Period: time.Second})
