@@ -226,9 +226,9 @@ func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
 	// FixedWindow lease far from the limit costs Redis about what an exact
 	// call does (plainlease.go), and what such a key leaves unused expires
 	// with its window, no refund sent: leasing at the first ask of a window
-	// pays from about one ask per window (the sim's cold row: 1.7x to
-	// 2.8-3.0x per-request global). A SlidingWindow or bucket lease left
-	// unused costs a refund call.
+	// pays from about one ask per window (the sim's cold row: from 1.7x to
+	// a median of 2.2x per-request global; docs/tuning.md). A
+	// SlidingWindow or bucket lease left unused costs a refund call.
 	warm := this >= leaseAt || last >= leaseAt || last >= 1 && p.alg == ratelimit.FixedWindow
 	return !lc.leasable(p, idx, f) || !warm
 }
