@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	gosync "sync"
+
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
 
@@ -58,18 +60,56 @@ type callID struct {
 
 // newCall starts a lease call for the key, asking for nothing yet.
 func (lc *lockedCounter) newCall(p *params, id callID, f fleet) *leaseCall {
-	base := p.prefix + ":{" + tagOf(lc.key) + "}:"
+	k := new(leaseCall)
+	lc.initCall(k, p, id, f)
+	k.setBase(lc.base(p))
+	return k
+}
+
+// initCall makes k a new lease call of the key, asking for nothing yet,
+// with no key base (setBase).
+func (lc *lockedCounter) initCall(k *leaseCall, p *params, id callID, f fleet) {
 	if p.bucket {
-		return &leaseCall{c: lc.counter(), bucket: true, bkt: script.BucketArgs{
-			Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now,
+		*k = leaseCall{c: lc.counter(), bucket: true, bkt: script.BucketArgs{
+			Algorithm: p.alg, Limit: p.limit, Now: id.now,
 			Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1,
 		}}
+		return
 	}
-	return &leaseCall{c: lc.counter(), win: script.LeaseArgs{
-		Base: base, Kind: p.kind, Limit: p.limit, Now: id.now,
+	*k = leaseCall{c: lc.counter(), win: script.LeaseArgs{
+		Kind: p.kind, Limit: p.limit, Now: id.now,
 		Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1,
 	}}
 }
+
+// base is the Redis key base of the key's calls.
+func (lc *lockedCounter) base(p *params) string {
+	return p.prefix + ":{" + tagOf(lc.key) + "}:"
+}
+
+func (k *leaseCall) setBase(base string) {
+	if k.bucket {
+		k.bkt.Base = base
+	} else {
+		k.win.Base = base
+	}
+}
+
+// identify gives k, a call planned at a tick without an identity (seq 0:
+// most plans send nothing, and a nonce costs an allocation), the
+// identity id.
+func (k *leaseCall) identify(id callID) {
+	if k.bucket {
+		k.bkt.Seq, k.bkt.Nonce = id.seq, id.nonce
+	} else {
+		k.win.Seq, k.win.Nonce = id.seq, id.nonce
+	}
+}
+
+// blankCalls recycles the calls a tick planned and found empty: a key
+// visited at a tick (to roll its lease, to see whether it leases ahead, to
+// leave the table once idle) mostly has nothing to send.
+var blankCalls = gosync.Pool{New: func() any { return new(leaseCall) }}
 
 // ask makes the call of a decision of n units that the lease in hand
 // cannot serve at now: the key's outstanding call, sent again, or a new

@@ -383,6 +383,52 @@ func TestTopUpAtTick(t *testing.T) {
 	}
 }
 
+// A visit of a key with nothing to send allocates nothing: most of the
+// syncer's visits are such (a key's roll, its look at leasing ahead, its
+// idle check), one per key and tick over many keys.
+func TestQuietVisitAllocatesNothing(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10 * sec
+	k.lease(now, 500, 500)
+	k.tick(now)
+	k.mustTake(1, now)
+	now += 100 * ms
+	if a := testing.AllocsPerRun(100, func() {
+		lc := k.c.lock()
+		t, _ := lc.observe(k.p, now, k.f)
+		if call, _ := lc.plan(k.p, callID{}, t, k.f); call != nil {
+			k.t.Fatalf("a key holding 499 of 500 sent %+v", call.win)
+		}
+		lc.unlock()
+	}); a != 0 {
+		t.Errorf("a visit with nothing to send allocates %v times", a)
+	}
+}
+
+// A call planned without an identity (the syncer's: most visits send
+// nothing) has none until identify gives it one, before it is sent.
+func TestPlannedCallIdentity(t *testing.T) {
+	k := newKeyTest(t, perSecond1000)
+	now := 10 * sec
+	k.lease(now, 100, 100)
+	k.tick(now)
+	for i := 0; i < 80; i++ {
+		k.mustTake(1, now+50*ms)
+	}
+	now += 100 * ms
+	lc := k.c.lock()
+	defer lc.unlock()
+	t0, _ := lc.observe(k.p, now, k.f)
+	call, _ := lc.plan(k.p, callID{}, t0, k.f)
+	if call == nil || call.seq() != 0 || call.win.Nonce != "" || call.win.Base == "" {
+		t.Fatalf("call %+v; want a top-up with a key base and no identity yet", call)
+	}
+	call.identify(callID{seq: 7, nonce: "n7"})
+	if call.seq() != 7 || call.win.Nonce != "n7" {
+		t.Errorf("identified call %+v; want seq 7, nonce n7", call.win)
+	}
+}
+
 // A lease taken ahead and never used by a key gone quiet goes back soon
 // after its window begins.
 func TestIdleGiveBack(t *testing.T) {

@@ -258,7 +258,8 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
-			timer.Stop()
+			timer.Stop() // (since Go 1.23 a stopped timer sends nothing stale once Reset)
+			timers.Put(timer)
 		}
 	}()
 	p := h.p
@@ -310,7 +311,8 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 		var fire <-chan time.Time
 		if expired == nil {
 			if timer == nil {
-				timer = time.NewTimer(h.cfg.timeout)
+				timer = timers.Get().(*time.Timer)
+				timer.Reset(h.cfg.timeout)
 			}
 			fire = timer.C
 		}
@@ -381,7 +383,7 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 	case fl != nil: // joined
 		lc.unlock()
 	case lc.out == nil && lc.cold(h.p, n, now, f):
-		e = lc.newExact(h.p, h.newID(), n, now, h.mono(), f)
+		e = lc.newExact(h.p, h.clockID(), n, now, h.mono(), f)
 		lc.unlock()
 		h.exacts.Add(1)
 		h.asks.add(e)
@@ -445,14 +447,29 @@ func (h *Limiter) facts() fleet {
 	}
 }
 
+// timers are the stopped timers of decisions that waited on Redis: one a
+// waiting decision, without an allocation each.
+var timers = gosync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
 // newID identifies a new lease call, and gives it the time to count at:
 // WithClock's, or none (Redis TIME).
 func (h *Limiter) newID() callID {
-	id := callID{seq: h.seq.Add(1), nonce: script.NewNonce(mrand.Uint64())}
-	if h.clock != nil {
-		id.now = h.clock().UnixMicro()
-	}
+	id := h.clockID()
+	id.seq, id.nonce = h.seq.Add(1), script.NewNonce(mrand.Uint64())
 	return id
+}
+
+// clockID is a call's identity with only its time to count at: for a call
+// never sent twice (an exact call), or not yet known to be sent (plan).
+func (h *Limiter) clockID() callID {
+	if h.clock != nil {
+		return callID{now: h.clock().UnixMicro()}
+	}
+	return callID{}
 }
 
 // tell has the syncer visit c as v asks.

@@ -51,7 +51,9 @@ func (lc *lockedCounter) observe(p *params, now int64, f fleet) (tickFacts, visi
 // carrying what the key owes per window (refunds and credit) and what it
 // asks (see policy.fill). It returns the call to send, if any, and when the
 // syncer must visit the key next (0: it is visited at the next tick anyway,
-// as it waits for a reply or left the table).
+// as it waits for a reply or left the table). A new call gets id, which
+// may leave its seq 0 and nonce empty, for the caller to give the call
+// they send (leaseCall.identify): most visits send nothing.
 func (lc *lockedCounter) plan(p *params, id callID, t tickFacts, f fleet) (k *leaseCall, visitAt int64) {
 	p.policy.release(lc, t, f)
 	lc.oweCredit()
@@ -63,12 +65,15 @@ func (lc *lockedCounter) plan(p *params, id callID, t tickFacts, f fleet) (k *le
 	if k := lc.resend(); k != nil {
 		return k, 0 // the last call's reply was lost: it goes again, alone
 	}
-	k = lc.newCall(p, id, f)
+	k = blankCalls.Get().(*leaseCall)
+	lc.initCall(k, p, id, f)
 	p.policy.fill(lc, k, t, f)
 	visitAt = lc.nextVisit(p, t)
 	if k.empty() {
+		blankCalls.Put(k) // (never seen outside: nothing refers to it)
 		return nil, visitAt
 	}
+	k.setBase(lc.base(p))
 	lc.makePlain(p, k, t.now, f)
 	return k, visitAt
 }

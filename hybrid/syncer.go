@@ -83,8 +83,11 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 		h.index.CompareAndDelete(c.key, c)
 		t.dead = true
 	}
-	k, at := lc.plan(h.p, h.newID(), t, f)
+	k, at := lc.plan(h.p, h.clockID(), t, f)
 	if k != nil {
+		if k.seq() == 0 {
+			k.identify(h.newID())
+		}
 		lc.startFlight(k)
 	}
 	if at > 0 {
@@ -99,12 +102,15 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 // not seen stays outstanding, and the syncer sends it again); exact calls'
 // replies go to the decisions waiting for them.
 func (h *Limiter) send(ctx context.Context, batch []queued) error {
-	reqs := make([]request, len(batch))
+	buf := sendBufs.Get().(*sendBuf)
+	reqs, res := buf.grow(len(batch))
 	for i, q := range batch {
 		reqs[i] = q.request()
 	}
-	res := make([]result, len(batch))
 	x := h.pipe.exec(ctx, reqs, res)
+	if x.ok {
+		defer buf.release()
+	} // (else a pipeline abandoned at its deadline may still read reqs: buf is left to it)
 	if !x.ok {
 		// No reply at all within a call's deadline: Redis is away, not
 		// slow. The breaker opens now.
@@ -142,6 +148,34 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 		h.health.healed()
 	}
 	return nil
+}
+
+// sendBuf holds a batch's requests and results while send sends it: kept
+// for the next batch, not allocated for each.
+type sendBuf struct {
+	reqs []request
+	res  []result
+}
+
+var sendBufs = gosync.Pool{New: func() any { return new(sendBuf) }}
+
+// grow returns n requests and n zero results.
+func (b *sendBuf) grow(n int) ([]request, []result) {
+	if cap(b.reqs) < n {
+		b.reqs, b.res = make([]request, n), make([]result, n)
+	}
+	return b.reqs[:n], b.res[:n]
+}
+
+// release clears what b refers to (the calls' closures, replies' errors)
+// and keeps it, unless a batch made it large.
+func (b *sendBuf) release() {
+	if cap(b.reqs) > 1024 {
+		return
+	}
+	clear(b.reqs[:cap(b.reqs)])
+	clear(b.res[:cap(b.res)])
+	sendBufs.Put(b)
 }
 
 // answer hands call q the result r of exchange x.
