@@ -71,5 +71,10 @@ func Kind(a ratelimit.Algorithm, l ratelimit.Limit) string {
 // KeyBase of a user key. Global and hybrid limiters count in these same
 // counters.
 func WindowKey(base, kind string, idx int64) string {
-	return base + kind + ":" + strconv.FormatInt(idx, 10)
+	var buf [128]byte // (one allocation, the string, when it fits)
+	b := append(buf[:0], base...)
+	b = append(b, kind...)
+	b = append(b, ':')
+	b = strconv.AppendInt(b, idx, 10)
+	return string(b)
 }
