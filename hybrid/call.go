@@ -217,7 +217,7 @@ func (k *leaseCall) request() request {
 		return k.plainRequest()
 	}
 	if k.bucket {
-		return request{script: script.Bucket, keys: k.bkt.Keys(), args: k.bkt.Args(), parse: parseBucket}
+		return request{script: script.Bucket, keys: k.bkt.Keys(), args: k.bkt.Args(), parse: parseFunc(parseBucket)}
 	}
-	return request{script: script.Lease, keys: k.win.Keys(), args: k.win.Args(), parse: parseLease}
+	return request{script: script.Lease, keys: k.win.Keys(), args: k.win.Args(), parse: parseFunc(parseLease)}
 }

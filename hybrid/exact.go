@@ -123,7 +123,7 @@ func (e *exactCall) request() request {
 }
 
 func (e *exactCall) takeRequest() request {
-	return request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseTake}
+	return request{script: script.Take, keys: e.take.Keys(), args: e.take.Args(), parse: parseFunc(parseTake)}
 }
 
 // plainRequest is a FixedWindow exact call as plain commands: the
@@ -140,22 +140,30 @@ func (e *exactCall) plainRequest() request {
 	k := script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
-	r, idx, now, n := a.Limit.Rate, a.AdjustIdx, e.serverUS, e.n
 	return request{
 		cmds: [][]any{
-			{"hincrby", k, "c", n + a.Use - a.Refund},
+			{"hincrby", k, "c", e.n + a.Use - a.Refund},
 			{"pexpireat", k, expireAt},
 		},
-		parse: func(v any) (reply, error) {
-			c, ok := v.(int64)
-			if !ok {
-				return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
-			}
-			return reply{plain: true, take: script.TakeReply{Idx: idx, Now: now, Count: c, Admitted: c <= int64(r), Adjusted: true}}, nil
-		},
-		fallback: e.takeRequest,
+		parse:    (*plainExact)(e),
+		fallback: (*plainExact)(e),
 	}
 }
+
+// plainExact is an exactCall sent as a plain increment: it reads the
+// increment's reply, and falls back to take.lua.
+type plainExact exactCall
+
+func (e *plainExact) parseReply(v any) (reply, error) {
+	c, ok := v.(int64)
+	if !ok {
+		return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+	}
+	a := &e.take
+	return reply{plain: true, take: script.TakeReply{Idx: a.AdjustIdx, Now: e.serverUS, Count: c, Admitted: c <= int64(a.Limit.Rate), Adjusted: true}}, nil
+}
+
+func (e *plainExact) fallbackRequest() request { return (*exactCall)(e).takeRequest() }
 
 // plainWindow reports whether a FixedWindow exact call made at at (mono)
 // can be a plain increment, and of which window: the one Redis would

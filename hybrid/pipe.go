@@ -34,10 +34,27 @@ type request struct {
 	keys   []string
 	args   []any
 	cmds   [][]any // plain commands, when script is nil
-	parse  func(v any) (reply, error)
+	parse  replyParser
 	// fallback makes what is sent instead, in the same exchange, when the
-	// plain command met a key of another type (WRONGTYPE: it did not run).
-	fallback func() request
+	// plain command met a key of another type (WRONGTYPE: it did not run);
+	// nil for none.
+	fallback fallbacker
+}
+
+// replyParser reads a request's reply. (An interface, not a func: the
+// calls implement it with no closure allocated per request.)
+type replyParser interface {
+	parseReply(v any) (reply, error)
+}
+
+// parseFunc is a replyParser that is a plain function.
+type parseFunc func(v any) (reply, error)
+
+func (f parseFunc) parseReply(v any) (reply, error) { return f(v) }
+
+// fallbacker makes a request's fallback (see request).
+type fallbacker interface {
+	fallbackRequest() request
 }
 
 // reply is a request's reply, read.
@@ -127,11 +144,11 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			for i, cmd := range cmds {
 				switch err := cmd.Err(); {
 				case script.IsNoScript(err):
-				case sent[i].fallback != nil && redis.HasErrorPrefix(err, "WRONGTYPE"):
+				case err != nil && sent[i].fallback != nil && redis.HasErrorPrefix(err, "WRONGTYPE"):
 					if len(sent) > 0 && &sent[0] == &reqs[0] {
 						sent = slices.Clone(reqs)
 					}
-					sent[i] = sent[i].fallback()
+					sent[i] = sent[i].fallback.fallbackRequest()
 				default:
 					continue
 				}
@@ -161,7 +178,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			err = x.err // the pipeline failed before this call got a reply
 		}
 		if err == nil {
-			res[i].reply, err = sent[i].parse(v)
+			res[i].reply, err = sent[i].parse.parseReply(v)
 		}
 		res[i].err, res[i].notRun = err, err != nil && notRun(err)
 	}

@@ -55,7 +55,7 @@ func TestPlainIncrement(t *testing.T) {
 	}
 	r := e.request()
 	key := script.WindowKey(e.take.Base, e.take.Kind, 10)
-	if r.script != nil || len(r.cmds) != 2 || r.fallback == nil || r.fallback().script != script.Take {
+	if r.script != nil || len(r.cmds) != 2 || r.fallback == nil || r.fallback.fallbackRequest().script != script.Take {
 		t.Fatalf("request %+v; want two plain commands and take.lua as the fallback", r)
 	}
 	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != key || c[2] != "c" || c[3] != int64(2-4) {
@@ -65,7 +65,7 @@ func TestPlainIncrement(t *testing.T) {
 		t.Errorf("expiry %v; want pexpireat %s at the window's end and a second", c, key)
 	}
 	// Admitted: the count after it within the limit.
-	rep, err := r.parse(int64(990))
+	rep, err := r.parse.parseReply(int64(990))
 	if err != nil || !rep.plain || !rep.take.Admitted || !rep.take.Adjusted || rep.take.Idx != 10 {
 		t.Fatalf("reply %+v, %v", rep, err)
 	}
@@ -84,7 +84,7 @@ func TestPlainIncrement(t *testing.T) {
 	lc = k.c.lock()
 	e = lc.newExact(k.p, k.id(), 3, now, now, k.f)
 	lc.unlock()
-	rep, _ = e.request().parse(int64(1002))
+	rep, _ = e.request().parse.parseReply(int64(1002))
 	e.answered(result{reply: rep}, exchange{before: now, after: now + ms, ok: true})
 	d, _, _ = k.c.decideExact(k.p, e, now+ms, k.f)
 	if d.Allowed {
@@ -93,7 +93,7 @@ func TestPlainIncrement(t *testing.T) {
 	if got := k.debts(); len(got) != 1 || got[0] != (debt{idx: 10, refund: 3}) {
 		t.Errorf("debts %+v; want the 3 units back to window 10", got)
 	}
-	if _, err := e.request().parse("x"); err == nil {
+	if _, err := e.request().parse.parseReply("x"); err == nil {
 		t.Error("a reply that is not an integer read without error")
 	}
 }
@@ -108,7 +108,7 @@ func TestPlainLate(t *testing.T) {
 	lc := k.c.lock()
 	e := lc.newExact(k.p, k.id(), 1, now, now, k.f)
 	lc.unlock()
-	rep, _ := e.request().parse(int64(5))
+	rep, _ := e.request().parse.parseReply(int64(5))
 	e.answered(result{reply: rep}, exchange{before: now, after: 10*sec + 999*ms + 500*int64(time.Microsecond), ok: true})
 	if !e.late(k.f.clock) {
 		t.Fatal("a reply read half a millisecond before its window's end is not late")
@@ -190,7 +190,7 @@ func TestPlainLease(t *testing.T) {
 	}
 	r := call.request()
 	key := script.WindowKey(call.win.Base, call.win.Kind, 10)
-	if r.script != nil || len(r.cmds) != 3 || r.fallback == nil || r.fallback().script != script.Lease {
+	if r.script != nil || len(r.cmds) != 3 || r.fallback == nil || r.fallback.fallbackRequest().script != script.Lease {
 		t.Fatalf("request %+v; want three plain commands and lease.lua as the fallback", r)
 	}
 	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != key || c[2] != "c" || c[3] != want {
@@ -203,7 +203,7 @@ func TestPlainLease(t *testing.T) {
 		t.Errorf("expiry %v; want pexpireat %s at the window's end and a second", c, key)
 	}
 	// Within the limit: all of it granted.
-	rep, err := r.parse(int64(400) + want)
+	rep, err := r.parse.parseReply(int64(400) + want)
 	if err != nil || !rep.plain || rep.win.Idx != 10 || rep.win.Grant != want || rep.win.Count != 400+want {
 		t.Fatalf("reply %+v, %v; want all %d granted", rep, err, want)
 	}
@@ -223,7 +223,7 @@ func TestPlainLease(t *testing.T) {
 	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	call = k.plainAsk(1, now)
 	want = call.win.Want
-	rep, _ = call.request().parse(1000 + want - 2)
+	rep, _ = call.request().parse.parseReply(1000 + want - 2)
 	if rep.win.Grant != 2 {
 		t.Fatalf("grant %d; want the 2 that fit", rep.win.Grant)
 	}
@@ -240,7 +240,7 @@ func TestPlainLease(t *testing.T) {
 	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	call = k.plainAsk(3, now)
 	want = call.win.Want
-	rep, _ = call.request().parse(1000 + want - 2)
+	rep, _ = call.request().parse.parseReply(1000 + want - 2)
 	if rep.win.Grant != 0 || rep.win.Retry != 900_000 {
 		t.Fatalf("reply %+v; want no grant, retry at the window's end", rep.win)
 	}
@@ -260,7 +260,7 @@ func TestPlainLeaseLate(t *testing.T) {
 	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	now := 10*sec + 900*ms
 	call := k.plainAsk(1, now)
-	rep, _ := call.request().parse(int64(10))
+	rep, _ := call.request().parse.parseReply(int64(10))
 	lc := k.c.lock()
 	lc.apply(k.p, call, rep, exchange{before: now, after: 11*sec - 500*int64(time.Microsecond), ok: true}, k.f)
 	lc.endFlight(call, call.flight, nil, false)
@@ -293,7 +293,7 @@ func TestPlainLeaseAhead(t *testing.T) {
 	if c := r.cmds[2]; c[2] != int64(13_000) {
 		t.Errorf("expiry %v; want window 11's end and a second", c)
 	}
-	rep, _ := r.parse(call.win.WantNext)
+	rep, _ := r.parse.parseReply(call.win.WantNext)
 	e := k.reply(call, now, rep)
 	if e.leasedAhead != 1 || k.c.next == nil || k.c.next.idx != 11 || k.c.next.avail.Load() != call.win.WantNext || len(k.debts()) != 0 {
 		t.Errorf("effects %+v, next %+v, debts %+v; want window 11's lease ahead", e, k.c.next, k.debts())

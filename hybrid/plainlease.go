@@ -85,15 +85,11 @@ func (lc *lockedCounter) makePlain(p *params, k *leaseCall, at int64, f fleet) {
 
 // plainRequest is k as a plain increment of its one window's counter.
 func (k *leaseCall) plainRequest() request {
-	a := k.win
-	idx, win, w, lo := k.plainIdx, k.plainIdx, a.Want, max(1, a.Min)
-	if a.WantNext > 0 {
-		win, w, lo = idx+1, a.WantNext, 1
-	}
+	a := &k.win
+	win, w := k.plainWindow()
 	key := script.WindowKey(a.Base, a.Kind, win)
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((win+1)*periodUS+999)/1000 + 1000 // ms, as lease.lua's expiry
-	r, now := int64(a.Limit.Rate), k.serverUS
 	return request{
 		cmds: [][]any{
 			{"hincrby", key, "c", w},
@@ -102,29 +98,58 @@ func (k *leaseCall) plainRequest() request {
 			{"hset", key, "r", a.Nonce + "!"},
 			{"pexpireat", key, expireAt},
 		},
-		parse: func(v any) (reply, error) {
-			c, ok := v.(int64)
-			if !ok {
-				return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
-			}
-			before := c - w
-			g := min(w, r-before)
-			if g < lo {
-				g = 0
-			}
-			rep := reply{plain: true, win: script.Reply{Idx: idx, Now: now, Reset: (idx+1)*periodUS - now}}
-			if win == idx {
-				rep.win.Grant, rep.win.Count = g, before+g
-				if g == 0 {
-					rep.win.Retry = max(1, rep.win.Reset)
-				}
-			} else {
-				rep.win.GrantNext, rep.win.CountNext = g, before+g
-			}
-			return rep, nil
-		},
-		fallback: func() request { // (a counter a global limiter wrote: a string)
-			return request{script: script.Lease, keys: a.Keys(), args: a.Args(), parse: parseLease}
-		},
+		parse:    (*plainLease)(k),
+		fallback: (*plainLease)(k),
 	}
+}
+
+// plainWindow returns the window plain call k increments, and by how much.
+// (k does not change while it is on its way: the key's next call is made
+// once its reply was read.)
+func (k *leaseCall) plainWindow() (win, w int64) {
+	if k.win.WantNext > 0 {
+		return k.plainIdx + 1, k.win.WantNext
+	}
+	return k.plainIdx, k.win.Want
+}
+
+// plainLease is a leaseCall sent as a plain increment: it reads the
+// increment's reply as lease.lua's, and falls back to lease.lua.
+type plainLease leaseCall
+
+func (k *plainLease) parseReply(v any) (reply, error) {
+	c, ok := v.(int64)
+	if !ok {
+		return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+	}
+	a := &k.win
+	idx, now, r := k.plainIdx, k.serverUS, int64(a.Limit.Rate)
+	win, w := (*leaseCall)(k).plainWindow()
+	lo := max(1, a.Min)
+	if win != idx {
+		lo = 1
+	}
+	periodUS := int64(a.Limit.Period / time.Microsecond)
+	before := c - w
+	g := min(w, r-before)
+	if g < lo {
+		g = 0
+	}
+	rep := reply{plain: true, win: script.Reply{Idx: idx, Now: now, Reset: (idx+1)*periodUS - now}}
+	if win == idx {
+		rep.win.Grant, rep.win.Count = g, before+g
+		if g == 0 {
+			rep.win.Retry = max(1, rep.win.Reset)
+		}
+	} else {
+		rep.win.GrantNext, rep.win.CountNext = g, before+g
+	}
+	return rep, nil
+}
+
+// fallbackRequest: a counter a global limiter wrote (a string) is leased
+// by lease.lua.
+func (k *plainLease) fallbackRequest() request {
+	a := &k.win
+	return request{script: script.Lease, keys: a.Keys(), args: a.Args(), parse: parseFunc(parseLease)}
 }
