@@ -151,7 +151,9 @@ func (e *exactCall) plainRequest() request {
 }
 
 // plainExact is an exactCall sent as a plain increment: it reads the
-// increment's reply, and falls back to take.lua.
+// increment's reply, and falls back to take.lua. (What it reads of the
+// call, take and serverUS, is set when the call is made and never
+// changes.)
 type plainExact exactCall
 
 func (e *plainExact) parseReply(v any) (reply, error) {

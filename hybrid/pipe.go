@@ -52,10 +52,17 @@ type parseFunc func(v any) (reply, error)
 
 func (f parseFunc) parseReply(v any) (reply, error) { return f(v) }
 
-// fallbacker makes a request's fallback (see request).
+// fallbacker makes a request's fallback (see request). It may be called
+// by a pipeline abandoned at its deadline, after the call was handed back
+// to its key: it reads nothing the key may change since.
 type fallbacker interface {
 	fallbackRequest() request
 }
+
+// fallbackFunc is a fallbacker that is a function.
+type fallbackFunc func() request
+
+func (f fallbackFunc) fallbackRequest() request { return f() }
 
 // reply is a request's reply, read.
 type reply struct {

@@ -99,7 +99,17 @@ func (k *leaseCall) plainRequest() request {
 			{"pexpireat", key, expireAt},
 		},
 		parse:    (*plainLease)(k),
-		fallback: (*plainLease)(k),
+		fallback: leaseFallback(k.win),
+	}
+}
+
+// leaseFallback is the fallback of a plain lease with arguments a: the
+// lease by lease.lua, for a counter a global limiter wrote (a string). It
+// holds a copy: a pipeline abandoned at its deadline may still make its
+// fallback while the key sends the call again (resend marks it resent).
+func leaseFallback(a script.LeaseArgs) fallbackFunc {
+	return func() request {
+		return request{script: script.Lease, keys: a.Keys(), args: a.Args(), parse: parseFunc(parseLease)}
 	}
 }
 
@@ -114,7 +124,8 @@ func (k *leaseCall) plainWindow() (win, w int64) {
 }
 
 // plainLease is a leaseCall sent as a plain increment: it reads the
-// increment's reply as lease.lua's, and falls back to lease.lua.
+// increment's reply as lease.lua's. (The reply is read before the call's
+// flight ends, while nothing changes the call.)
 type plainLease leaseCall
 
 func (k *plainLease) parseReply(v any) (reply, error) {
@@ -145,11 +156,4 @@ func (k *plainLease) parseReply(v any) (reply, error) {
 		rep.win.GrantNext, rep.win.CountNext = g, before+g
 	}
 	return rep, nil
-}
-
-// fallbackRequest: a counter a global limiter wrote (a string) is leased
-// by lease.lua.
-func (k *plainLease) fallbackRequest() request {
-	a := &k.win
-	return request{script: script.Lease, keys: a.Keys(), args: a.Args(), parse: parseFunc(parseLease)}
 }
