@@ -157,12 +157,22 @@ func (e *exactCall) plainRequest() request {
 type plainExact exactCall
 
 func (e *plainExact) parseReply(v any) (reply, error) {
-	c, ok := v.(int64)
-	if !ok {
-		return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+	c, err := hincrbyReply(v)
+	if err != nil {
+		return reply{}, err
 	}
 	a := &e.take
 	return reply{plain: true, take: script.TakeReply{Idx: a.AdjustIdx, Now: e.serverUS, Count: c, Admitted: c <= int64(a.Limit.Rate), Adjusted: true}}, nil
+}
+
+// hincrbyReply reads the reply of a plain call's HINCRBY: the count after
+// it.
+func hincrbyReply(v any) (int64, error) {
+	c, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+	}
+	return c, nil
 }
 
 func (e *plainExact) fallbackRequest() request { return (*exactCall)(e).takeRequest() }

@@ -1,7 +1,6 @@
 package hybrid
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/hybridlimit/ratelimit"
@@ -129,9 +128,9 @@ func (k *leaseCall) plainWindow() (win, w int64) {
 type plainLease leaseCall
 
 func (k *plainLease) parseReply(v any) (reply, error) {
-	c, ok := v.(int64)
-	if !ok {
-		return reply{}, fmt.Errorf("hybrid: unexpected reply to HINCRBY: %T", v)
+	c, err := hincrbyReply(v)
+	if err != nil {
+		return reply{}, err
 	}
 	a := &k.win
 	idx, now, r := k.plainIdx, k.serverUS, int64(a.Limit.Rate)
