@@ -462,27 +462,8 @@ func TestSmallLimitsReachQuota(t *testing.T) {
 func TestColdKeysMixedFleet(t *testing.T) {
 	srv := redistest.Standalone(t)
 	limit := ratelimit.PerSecond(2)
-	prefix := uniq(t)
-	var ls []ratelimit.Limiter
-	var hs []*hybrid.Limiter
-	for i := 0; i < 2; i++ {
-		h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
-		require.NoError(t, err)
-		t.Cleanup(func() { h.Close() })
-		hs, ls = append(hs, h), append(ls, h)
-		var g ratelimit.Limiter
-		if i == 0 {
-			g, err = global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
-		} else {
-			g, err = global.NewMulti(srv.Client(), []ratelimit.Limit{limit}, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
-		}
-		require.NoError(t, err)
-		ls = append(ls, g)
-	}
-	keys := make([]string, 2000)
-	for i := range keys {
-		keys[i] = "mixed-" + strconv.Itoa(i)
-	}
+	ls, hs := mixedFleet(t, srv, limit, true)
+	keys := numberedKeys("mixed-", 2000)
 	rc := srv.Client()
 	defer rc.Close()
 	require.NoError(t, rc.ConfigResetStat(context.Background()).Err())
@@ -501,6 +482,43 @@ func TestColdKeysMixedFleet(t *testing.T) {
 	require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
 	require.Positive(t, stats["pexpireat"][0], "plain increments were sent")
 	require.Positive(t, stats["hincrby"][1], "plain increments met counters the global Multi wrote (WRONGTYPE), counted by take.lua")
+}
+
+// mixedFleet returns two hybrid instances with defaults but a prefix of
+// the test's own and, with globals, beside them a global FixedWindow
+// Limiter and a global Multi on the same prefix (the Multi's counters are
+// strings, which a hybrid's plain increment meets as WRONGTYPE): ls holds
+// every limiter, hs the hybrid ones. Cleanup closes the hybrid instances.
+func mixedFleet(t *testing.T, srv *redistest.Server, limit ratelimit.Limit, globals bool) (ls []ratelimit.Limiter, hs []*hybrid.Limiter) {
+	t.Helper()
+	prefix := uniq(t)
+	for i := 0; i < 2; i++ {
+		h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		hs, ls = append(hs, h), append(ls, h)
+		if !globals {
+			continue
+		}
+		var g ratelimit.Limiter
+		if i == 0 {
+			g, err = global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		} else {
+			g, err = global.NewMulti(srv.Client(), []ratelimit.Limit{limit}, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
+		}
+		require.NoError(t, err)
+		ls = append(ls, g)
+	}
+	return ls, hs
+}
+
+// numberedKeys returns n keys: prefix followed by 0 to n-1.
+func numberedKeys(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return keys
 }
 
 // commandStats returns INFO commandstats: calls and failed calls by
@@ -655,30 +673,8 @@ func TestPlainLeasesShareQuota(t *testing.T) {
 	}{{"far", 1_000_000, false}, {"far-mixed", 1_000_000, true}, {"near-mixed", 100, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			limit := ratelimit.PerSecond(c.rate)
-			prefix := uniq(t)
-			var ls []ratelimit.Limiter
-			var hs []*hybrid.Limiter
-			for i := 0; i < 2; i++ {
-				h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
-				require.NoError(t, err)
-				t.Cleanup(func() { h.Close() })
-				hs, ls = append(hs, h), append(ls, h)
-				if !c.mixed {
-					continue
-				}
-				var g ratelimit.Limiter
-				if i == 0 {
-					g, err = global.New(srv.Client(), limit, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
-				} else {
-					g, err = global.NewMulti(srv.Client(), []ratelimit.Limit{limit}, global.WithPrefix(prefix), global.WithAlgorithm(ratelimit.FixedWindow))
-				}
-				require.NoError(t, err)
-				ls = append(ls, g)
-			}
-			keys := make([]string, 200)
-			for i := range keys {
-				keys[i] = "plain-" + strconv.Itoa(i)
-			}
+			ls, hs := mixedFleet(t, srv, limit, c.mixed)
+			keys := numberedKeys("plain-", 200)
 			rc := srv.Client()
 			defer rc.Close()
 			require.NoError(t, rc.ConfigResetStat(context.Background()).Err())
