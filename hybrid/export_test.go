@@ -1,5 +1,11 @@
 package hybrid
 
+import (
+	"unsafe"
+
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
 // NodeQueues returns how many Redis nodes h's decisions have sent calls to
 // through queues of their own (a Cluster's masters; 0 for one server).
 func NodeQueues(h *Limiter) int {
@@ -25,4 +31,33 @@ func CreditShare(h *Limiter, key string) int64 {
 		idx = l.idx
 	}
 	return lc.creditShare(idx, h.p.localShare(f), f)
+}
+
+// KeyCopies returns how many copies of key's bytes (or of its digest, for
+// a long key) h keeps for its index, its table and the key's counter: 1
+// when the three share one, 0 when h does not track key.
+func KeyCopies(h *Limiter, key string) int {
+	k := key
+	if len(k) > script.MaxVerbatimKey {
+		k = indexKey(key)
+	}
+	v, ok := h.index.Load(k)
+	if !ok {
+		return 0
+	}
+	c := v.(*counter)
+	held := map[*byte]bool{unsafe.StringData(c.key): true}
+	h.table.Range(func(tk string, tc *counter) bool {
+		if tc == c {
+			held[unsafe.StringData(tk)] = true
+		}
+		return true
+	})
+	h.index.Range(func(ik, iv any) bool {
+		if iv == c {
+			held[unsafe.StringData(ik.(string))] = true
+		}
+		return true
+	})
+	return len(held)
 }

@@ -466,9 +466,9 @@ func TestAllowDuringClose(t *testing.T) {
 }
 
 // A key costs a bounded number of bytes in memory, whatever its length: a
-// 10 KB key is kept as a 129-byte digest, once (not in the index and again
-// in the table), and a short key is kept as a copy, so the caller's buffer
-// it was cut from is not retained.
+// 10 KB key is kept as a 129-byte digest, and a short key as a copy, so
+// the caller's buffer it was cut from is not retained; either is kept once,
+// its index, table and counter sharing it.
 func TestKeyMemoryBounded(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
@@ -494,16 +494,22 @@ func TestKeyMemoryBounded(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	keys = nil // only the limiter may keep them now
+	short := keys[3][:5] // cut from the 10 KB buffer
+	d, err := h.Allow(ctx, short)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, 1, hybrid.KeyCopies(h, short), "a short key is kept once")
+	require.Equal(t, 1, hybrid.KeyCopies(h, keys[3]), "a long key's digest is kept once")
+	keys = nil // only the limiter may keep them now (short is not used again)
 	per := float64(heap()-before) / n
 	t.Logf("heap per 10 KB key: %.0f B", per)
 	require.Less(t, per, 4096.0, "a 10 KB key must not be kept whole")
-	require.Equal(t, n, h.Stats().KeysTracked)
+	require.Equal(t, n+1, h.Stats().KeysTracked)
 	// the digests still tell the keys apart
-	d, err := h.Allow(ctx, fmt.Sprintf("%05d", 7)+strings.Repeat("x", 10<<10))
+	d, err = h.Allow(ctx, fmt.Sprintf("%05d", 7)+strings.Repeat("x", 10<<10))
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	require.Equal(t, n, h.Stats().KeysTracked)
+	require.Equal(t, n+1, h.Stats().KeysTracked)
 }
 
 // A request Redis cannot serve does not deny a smaller one it can: after

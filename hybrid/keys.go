@@ -2,7 +2,6 @@ package hybrid
 
 import (
 	"hash/fnv"
-	"strings"
 
 	"github.com/hybridlimit/ratelimit/internal/script"
 	bgsync "github.com/hybridlimit/ratelimit/sync"
@@ -32,14 +31,11 @@ func (h *Limiter) lookup(key string) *counter {
 		}
 		return c
 	}
-	if len(key) <= script.MaxVerbatimKey {
-		k = strings.Clone(key)
-	}
-	c, created := h.table.GetOrCreate(k, func() *counter {
-		return &counter{key: k, lead: h.p.leadOf(k)}
+	c, created := h.table.GetOrCreateKeyed(k, func(own string) *counter {
+		return &counter{key: own, lead: h.p.leadOf(own)}
 	})
 	if created || !c.dead.Load() {
-		h.index.Store(k, c)
+		h.index.Store(c.key, c)
 	}
 	return c
 }

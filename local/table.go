@@ -164,14 +164,22 @@ func (t *Table[V]) Peek(key string) (V, bool) {
 // never pins a larger buffer key may be part of. If the insertion evicts an
 // entry, onEvict runs after the lock is released, before GetOrCreate returns.
 func (t *Table[V]) GetOrCreate(key string, create func() V) (v V, created bool) {
+	return t.GetOrCreateKeyed(key, func(string) V { return create() })
+}
+
+// GetOrCreateKeyed is GetOrCreate with create given the table's own copy of
+// key, the string the table stores: a value that keeps its key can share
+// it, so the key's bytes are held once.
+func (t *Table[V]) GetOrCreateKeyed(key string, create func(key string) V) (v V, created bool) {
 	s := t.shard(key)
 	s.mu.Lock()
 	if v, ok := s.lru.Get(key); ok {
 		s.mu.Unlock()
 		return v, false
 	}
-	v = create()
-	s.lru.Add(strings.Clone(key), v)
+	own := strings.Clone(key)
+	v = create(own)
+	s.lru.Add(own, v)
 	ek, ev, evicted := s.takeEvicted()
 	s.mu.Unlock()
 	if evicted && t.onEvict != nil {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -234,4 +235,23 @@ func TestLimiterHeapBounded(t *testing.T) {
 			runtime.KeepAlive(lim)
 		})
 	}
+}
+
+// GetOrCreateKeyed hands create the table's own copy of the key, not the
+// caller's buffer: a value that keeps it shares the bytes the table holds.
+func TestTableGetOrCreateKeyedSharesKey(t *testing.T) {
+	tb := local.NewTable[*string](100, nil)
+	buf := "user-42 and the rest of a request line"
+	key := buf[:7]
+	var got string
+	v, created := tb.GetOrCreateKeyed(key, func(own string) *string { got = own; return &own })
+	require.True(t, created)
+	require.Equal(t, key, got)
+	require.NotSame(t, unsafe.StringData(key), unsafe.StringData(got), "not the caller's buffer")
+	var stored string
+	tb.Range(func(k string, _ *string) bool { stored = k; return true })
+	require.Same(t, unsafe.StringData(got), unsafe.StringData(stored), "create's key is the table's")
+	again, created := tb.GetOrCreateKeyed("user-42", func(string) *string { t.Fatal("created twice"); return nil })
+	require.False(t, created)
+	require.Same(t, v, again)
 }
