@@ -34,18 +34,17 @@ func CreditShare(h *Limiter, key string) int64 {
 }
 
 // KeyCopies returns how many copies of key's bytes (or of its digest, for
-// a long key) h keeps for its index, its table and the key's counter: 1
-// when the three share one, 0 when h does not track key.
+// a long key) h keeps for its table, the key's counter and its index (once
+// used again): 1 when they share one, 0 when h does not track key.
 func KeyCopies(h *Limiter, key string) int {
 	k := key
 	if len(k) > script.MaxVerbatimKey {
 		k = indexKey(key)
 	}
-	v, ok := h.index.Load(k)
+	c, ok := h.table.Peek(k)
 	if !ok {
 		return 0
 	}
-	c := v.(*counter)
 	held := map[*byte]bool{unsafe.StringData(c.key): true}
 	h.table.Range(func(tk string, tc *counter) bool {
 		if tc == c {

@@ -12,7 +12,10 @@ import (
 
 // lookup finds or makes the counter of key. A hit takes no lock: the index
 // is read-mostly, and the LRU table hears of a key's use at most once per
-// sync tick.
+// sync tick. The table holds every key; the index only those used again
+// since the table took them: a key seen once (the long tail of cold keys,
+// most of a table of 100,000) costs no insertion into the index, nor a
+// removal, and the index stays the size of the keys in use.
 //
 // A key is kept once, in the index, the table and the counter alike: a
 // copy of it (so a caller's larger buffer is not retained), or, for a key
@@ -34,8 +37,13 @@ func (h *Limiter) lookup(key string) *counter {
 	c, created := h.table.GetOrCreateKeyed(k, func(own string) *counter {
 		return &counter{key: own, lead: h.p.leadOf(own)}
 	})
-	if created || !c.dead.Load() {
-		h.index.Store(c.key, c)
+	if !created && !c.dead.Load() {
+		h.index.Store(c.key, c) // used again: from now on found without a lock
+		if c.dead.Load() {
+			// Dropped meanwhile: whoever dropped it (marked it dead, then
+			// took it out of the index) may have looked before the store.
+			h.index.CompareAndDelete(c.key, c)
+		}
 	}
 	return c
 }

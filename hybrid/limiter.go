@@ -4,7 +4,7 @@ package hybrid
 //
 //  1. AllowN checks its input and reads the clock once: now.
 //  2. lookup (keys.go): the key's counter, from the index without a lock,
-//     or made on a miss.
+//     or from the table (made there on a miss).
 //  3. counter.take (counter.go): n from the lease in hand with one CAS:
 //     allowed; or denied while Redis refused the key. No Redis, no
 //     allocation, no lock.
@@ -59,7 +59,7 @@ type Limiter struct {
 	clk   *serverClock
 
 	table  *local.Table[*counter]
-	index  gosync.Map // key -> *counter: the lock-free read path in front of table
+	index  gosync.Map // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup)
 	syncer *bgsync.Syncer[*counter]
 	wheel  wheel   // visits the syncer scheduled
 	asks   *router // decisions' calls, sent in shared pipelines per Redis node
