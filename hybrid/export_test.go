@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"time"
 	"unsafe"
 
 	"github.com/hybridlimit/ratelimit/internal/script"
@@ -59,4 +60,14 @@ func KeyCopies(h *Limiter, key string) int {
 		return true
 	})
 	return len(held)
+}
+
+// WithHeartbeat sets how often h heartbeats to learn the fleet's size
+// (default a second), for tests that need a heartbeat long enough to tell
+// the join ramp's heartbeats from the regular ones.
+func WithHeartbeat(every time.Duration) Option {
+	return optionFunc(func(c *config) error {
+		c.heartbeatEvery = every
+		return nil
+	})
 }

@@ -44,7 +44,25 @@ type health struct {
 	// Owned by the syncer goroutine.
 	lastTick int64 // mono of the last tick
 	nextBeat int64 // mono of the next heartbeat
+	beats    int   // heartbeats the syncer made
 }
+
+// beatGap is the time from the syncer's heartbeat number beats (from 0) to
+// the next: every, but shorter while the instance has just joined, from
+// every / 2^joinRamp doubling up to every. A fleet starts together: each
+// instance's first heartbeat (in New) counts only the instances that had
+// joined before it, and the first to join would take itself for alone, and
+// lease up to the whole of a window it cannot use while the others are
+// refused, until its next heartbeat. The ramp has it learn the fleet's
+// size within a few tens of milliseconds of the last join instead, for
+// joinRamp heartbeats more in an instance's life.
+func beatGap(every time.Duration, beats int) int64 {
+	return int64(every) >> max(0, joinRamp-beats)
+}
+
+// joinRamp is how many times the heartbeat period halves right after an
+// instance joins (see beatGap).
+const joinRamp = 4
 
 func (hl *health) init(h *Limiter, cfg config) {
 	hl.pipe, hl.st, hl.observer = &h.pipe, &h.st, cfg.observer

@@ -25,7 +25,8 @@ func (h *Limiter) tick(ctx context.Context) {
 		}
 	}
 	if h.cfg.instances == 0 && h.mono() >= hl.nextBeat {
-		hl.nextBeat = h.mono() + int64(h.cfg.heartbeatEvery)
+		hl.nextBeat = h.mono() + beatGap(h.cfg.heartbeatEvery, hl.beats)
+		hl.beats++
 		hctx, cancel := context.WithTimeout(ctx, h.cfg.callTimeout())
 		hl.heartbeat(hctx, true)
 		cancel()
