@@ -164,3 +164,65 @@ func TestQueueAnsweredCallersShareNextBatch(t *testing.T) {
 	require.LessOrEqual(t, len(sizes), rounds+1, "batch sizes %v", sizes)
 	require.True(t, q.idle())
 }
+
+// The heartbeat period halves joinRamp times right after an instance joins
+// and then stays at its period.
+func TestBeatGap(t *testing.T) {
+	var gaps []time.Duration
+	for beats := 0; beats < 7; beats++ {
+		gaps = append(gaps, time.Duration(beatGap(time.Second, beats)))
+	}
+	require.Equal(t, []time.Duration{62500 * time.Microsecond, 125 * time.Millisecond, 250 * time.Millisecond,
+		500 * time.Millisecond, time.Second, time.Second, time.Second}, gaps)
+}
+
+// A slow yield (a busy host: every processor runs, and a yield waits for
+// a turn of every runnable goroutine) ends the yielding, and the next
+// batches go without yields, twice as many after each slow yield in a
+// row; a quick yield brings the four yields back.
+func TestQueueSlowYieldSkipsYields(t *testing.T) {
+	var clock time.Time
+	yields, slow := 0, true
+	q := &queue{
+		now: func() time.Time { return clock },
+		yield: func() {
+			yields++
+			if slow {
+				clock = clock.Add(slowYield)
+			}
+		},
+	}
+	q.awaitReturn()
+	require.Equal(t, 1, yields, "the slow yield is the last")
+	for range skipYields {
+		q.awaitReturn()
+	}
+	require.Equal(t, 1, yields, "the next batches go without yields")
+	q.awaitReturn()
+	require.Equal(t, 2, yields, "a yield again, slow again")
+	for range 2 * skipYields {
+		q.awaitReturn()
+	}
+	require.Equal(t, 2, yields, "twice as many batches without yields")
+	slow = false
+	q.awaitReturn()
+	require.Equal(t, 2+returnYields, yields, "quick yields: all of them")
+	q.awaitReturn()
+	require.Equal(t, 2+2*returnYields, yields)
+	slow = true
+	q.awaitReturn()
+	require.Equal(t, 3+2*returnYields, yields)
+	for range skipYields {
+		q.awaitReturn()
+	}
+	require.Equal(t, 3+2*returnYields, yields, "after quick yields, a slow one skips skipYields batches again")
+
+	// Slow yields in a row skip at most maxSkipYields batches.
+	for range 20 {
+		q.awaitReturn()
+		for q.skip.Load() > 0 {
+			q.awaitReturn()
+		}
+	}
+	require.Equal(t, int64(maxSkipYields), q.skipNext.Load())
+}
