@@ -470,8 +470,14 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 		if dw > e.win {
 			g.moveTo(i, e, dw) // Redis counted it in the next window
 		}
-		if dw == e.win { // (not a window that has ended since)
-			e.free = int64(states[i].Remaining)
+		if r := int64(states[i].Remaining); dw == e.win && (e.free < 0 || r < e.free) {
+			// (not a window that has ended since) The least remainder
+			// reported: concurrent decisions' replies are noted in any
+			// order, and one decided earlier (a larger remainder) noted
+			// last would leave a stale remainder to share in an outage.
+			// A window's count only grows but by refunds, so the least
+			// is the latest or the safe side.
+			e.free = r
 		}
 		if admitted && dw > c.win[i] && g.cautious(i, dw) {
 			if dw == e.win {

@@ -209,3 +209,37 @@ func TestLedgerCrossing(t *testing.T) {
 		t.Errorf("an admission in a window the entry has left noted (debt %d): %+v", debt, st[0])
 	}
 }
+
+// Replies of concurrent decisions are noted in any order: a window's
+// last-known remainder is the least one reported, so that an outage that
+// begins after the window is spent shares nothing of it, even when the
+// reply of a decision made earlier (a larger remainder) is noted last.
+func TestLedgerRemainderLeastReported(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	g := newLedger([]ratelimit.Limit{{Rate: 1000, Period: time.Second}}, []ratelimit.Algorithm{ratelimit.FixedWindow}, 500*time.Millisecond, func() int { return 2 })
+	now := 5*sec + 100_000
+	reply := func(remaining int) {
+		var c ledgerCall
+		st := []ratelimit.LimitState{{}}
+		if !g.begin(&c, "k", now, 1, st) {
+			t.Fatal("no outage yet: the decision goes to Redis")
+		}
+		st[0] = ratelimit.LimitState{Allowed: remaining > 0, Remaining: remaining, ResetAfter: 900 * time.Millisecond}
+		if !g.end(&c, "k", now, remaining > 0, 0, st) {
+			t.Fatal("not a cautious window: the reply stands")
+		}
+	}
+	reply(0)  // decided last by Redis: the window is spent
+	reply(10) // decided before it, noted after it
+	g.down(now + 1000)
+	k := g.lock("k", 5)
+	defer k.mu.Unlock()
+	e := &k.w[0]
+	if e.free != 0 {
+		t.Errorf("last-known remainder %d; want the least reported, 0", e.free)
+	}
+	g.caution(0, e)
+	if e.budget != 0 {
+		t.Errorf("budget %d of a window spent before the outage; want 0", e.budget)
+	}
+}
