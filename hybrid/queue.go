@@ -196,7 +196,7 @@ const returnYields = 4
 // host's, still gather the callers. At 20ms it stays at 220, and
 // TestBusyHostDefaults under the race detector beside two busy loops used
 // at least 1,909 of every full window's 2,000 in 13 runs, against 1,727
-// to 1,970 (8 of 20 runs under 1,900) with yields always.
+// to 1,970 (9 of 20 runs under 1,900) with yields always.
 const (
 	slowYield     = 20 * time.Millisecond
 	skipYields    = 64
