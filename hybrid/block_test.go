@@ -63,3 +63,63 @@ func TestRefusedKeyAsksAgain(t *testing.T) {
 	}
 	require.True(t, d.Allowed, "B asks Redis again within a second of its refusal, and is served")
 }
+
+// A client that moves to another instance within a window (it
+// reconnects, a load balancer rebalances) leaves what its first instance
+// leased for it there. That instance gives the lease back once the key
+// has been quiet for its idle gap (a few of its mean gaps between
+// requests), and the other instance, refused meanwhile, asks again and is
+// served: the window reaches its limit before it ends, exactly. (Before,
+// the lease stayed until the window's end: for a window of a minute or an
+// hour, most of it.)
+func TestQuietKeyGivesLeaseBack(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ctx := context.Background()
+	c := srv.Client()
+	defer c.Close()
+	limit := ratelimit.Limit{Rate: 600, Period: 4 * time.Second}
+	prefix := uniq(t)
+	newH := func() *hybrid.Limiter {
+		h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+		require.NoError(t, err)
+		t.Cleanup(func() { h.Close() })
+		return h
+	}
+	a, b := newH(), newH()
+	tl := newTally(limit.Period)
+	allow := func(h *hybrid.Limiter) bool {
+		start := time.Now()
+		d, err := h.Allow(ctx, "k")
+		require.NoError(t, err)
+		if d.Allowed {
+			tl.add("k", d, 1, start)
+		}
+		return d.Allowed
+	}
+
+	// The client uses A, 50 a second, for a while in one window (so that
+	// A knows the key's rate) and 400ms into the next, window w.
+	idx, left := serverWindow(t, c, limit.Period)
+	if left < 1500*time.Millisecond {
+		idx, left = idx+1, left+limit.Period
+	}
+	w := idx + 1
+	from := time.Now()
+	for stop := from.Add(left + 400*time.Millisecond); time.Now().Before(stop); {
+		require.True(t, allow(a))
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Then it uses B, as fast as it goes, until w is spent or nearly over.
+	for deadline := from.Add(left + limit.Period - 300*time.Millisecond); time.Now().Before(deadline); {
+		if _, all := tl.windows("k", from, from); all[w] == limit.Rate {
+			break
+		}
+		allow(b)
+		time.Sleep(time.Millisecond)
+	}
+	_, all := tl.windows("k", from, from)
+	s := a.Stats()
+	t.Logf("window %d: %d admitted; A leased %d units in all, gave back %d", w, all[w], s.LeasedUnits, s.Refunded)
+	require.Equal(t, limit.Rate, all[w], "what A leased for window w and did not use reaches B before w ends")
+	require.Positive(t, s.Refunded)
+}

@@ -451,6 +451,54 @@ func TestIdleGiveBack(t *testing.T) {
 	}
 }
 
+// A key gone quiet gives its lease back while its window has a while to
+// run (its client moved to another instance, which Redis refuses until
+// the quota comes back): once surely quiet for its idle gap, to the
+// resolution of its last use (a 32nd of the period), and not when the
+// window would end within a gap of that.
+func TestQuietKeyGiveBack(t *testing.T) {
+	limit := ratelimit.Limit{Rate: 1000, Period: 10 * time.Second}
+	start := 100 * sec // window 10
+	used := func(k *keyTest, at int64) int64 {
+		k.lease(start, 300, 300)
+		lc := k.c.lock()
+		lc.askedIdx, lc.asked = 9, 400 // 400 in the last window: quiet for 100ms is idle, and the gap is at least 200ms
+		lc.unlock()
+		k.mustTake(1, at)
+		_, visit, _ := k.tick(at)
+		return visit
+	}
+
+	k := newKeyTest(t, limit)
+	grain := k.p.useGrain
+	lastUse := start + sec
+	if at, want := used(k, lastUse), lastUse+grain+200*ms; at != want {
+		t.Fatalf("visit at %v, want %v: quiet for the grain and the gap", time.Duration(at), time.Duration(want))
+	}
+	if call, _, _ := k.tick(lastUse + grain + 199*ms); call != nil || k.c.cur.Load() == nil {
+		t.Fatalf("gave back before the gap: %+v", call)
+	}
+	now := lastUse + grain + 200*ms
+	call, _, _ := k.tick(now)
+	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 10, Refund: 299}) || call.win.Want != 0 {
+		t.Fatalf("call %+v; want the 299 unused of window 10 given back", call)
+	}
+	if k.c.cur.Load() != nil {
+		t.Error("the lease stayed")
+	}
+	if e := k.reply(call, now, k.win(now, 0, 1)); e.refunded != 299 {
+		t.Errorf("refunded %d, want 299", e.refunded)
+	}
+
+	k = newKeyTest(t, limit)
+	lastUse = start + 10*sec - 1400*ms // quiet enough 887.5ms before the end: an instance Redis refused might not ask again before it
+	used(k, lastUse)
+	call, _, _ = k.tick(start + 10*sec - 10*ms)
+	if k.c.cur.Load() == nil || call != nil && len(call.win.Adjust) != 0 {
+		t.Errorf("gave back within a second of the window's end: %+v", call)
+	}
+}
+
 // Within its lead of the window's end, a key asked in this window leases
 // the next one in the same call; the grant waits as a lease ahead.
 func TestLeaseAheadAtTick(t *testing.T) {

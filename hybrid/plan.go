@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"math"
+
 	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/internal/breaker"
 )
@@ -89,11 +91,12 @@ func (lc *lockedCounter) nextVisit(p *params, t tickFacts) int64 {
 
 // release gives back quota of a window that ended, of a key out of the
 // table, while Flush or Close drain (a lease installed since they retired
-// the keys: a reply of the tick they waited for), and quota leased ahead of
-// its window and never used by a key gone quiet.
+// the keys: a reply of the tick they waited for), quota leased ahead of
+// its window and never used by a key gone quiet, and the lease of a key
+// gone quiet while its window has a while to run (see giveBackQuiet).
 func (w windows) release(lc *lockedCounter, t tickFacts, f fleet) {
 	now := t.now
-	if l := lc.cur.Load(); l != nil && (now >= l.end || t.dead || f.draining || (l.pre && now-max(t.lastUse, l.start) >= t.gap)) {
+	if l := lc.cur.Load(); l != nil && (now >= l.end || t.dead || f.draining || (l.pre && now-max(t.lastUse, l.start) >= t.gap) || giveBackQuiet(w.p, l, t) <= now) {
 		lc.cur.Store(nil)
 		if now >= l.end {
 			lc.nextIdx = max(lc.nextIdx, l.idx+1)
@@ -104,6 +107,28 @@ func (w windows) release(lc *lockedCounter, t tickFacts, f fleet) {
 		lc.next = nil
 		lc.retire(w.p, l, now, f)
 	}
+}
+
+// giveBackQuiet is when the syncer gives back what lease l holds for a key
+// quiet since t.lastUse or the window's start (math.MaxInt64: never): once
+// the key has surely been quiet for its idle gap in the window (lastUse
+// moves in steps of useGrain), if the window then has at least as long to
+// run, and at least maxBlock (an instance Redis refused asks again within
+// maxBlock: quota given back later may not reach it in time, and windows
+// of a second or less never give back this way). A client that moved to
+// another instance (it reconnected, a load balancer rebalanced) leaves its
+// lease here, and the instances it now reaches are refused until the
+// quota comes back: at the window's end, for a window of a minute or an
+// hour most of it. A key used at random is quiet for its gap about once
+// in 50 gaps, and then leases again; a key used about once a window or
+// less has a gap of a period, and keeps its lease. (A bucket's tokens go
+// back on a like rule: see buckets.release.)
+func giveBackQuiet(p *params, l *lease, t tickFacts) int64 {
+	at := max(t.lastUse, l.start) + p.useGrain + t.gap
+	if l.pre || !l.known || l.end-at < max(t.gap, maxBlock) || l.avail.Load() <= 0 {
+		return math.MaxInt64
+	}
+	return at
 }
 
 // fill asks, for a key in use, a lease when it holds none of its own or
@@ -165,6 +190,7 @@ func (w windows) schedule(lc *lockedCounter, t tickFacts) int64 {
 		if cur.pre {
 			at = min(at, max(t.lastUse, cur.start)+t.gap)
 		}
+		at = min(at, giveBackQuiet(w.p, cur, t))
 		if w.p.alg == ratelimit.SlidingWindow {
 			at = min(at, cur.end)
 		}
