@@ -17,13 +17,19 @@
 //   - Strict mode (the default): every allowed decision is backed by quota
 //     Redis granted atomically, so per key and window the fleet never admits
 //     more than Rate. Leases are sized from the key's observed rate, at most
-//     remainder / instances, so the last units are not stranded on one
-//     instance.
+//     remainder / instances (the last quarter of a window in chunks of Rate
+//     / (4 x instances)), so no one instance takes what is left. What an
+//     instance leaves unused of its lease when the window ends is lost to
+//     the others for that window: a key driven far past its limit uses all
+//     of it, a key asked just past it may fall a few units short
+//     (docs/tuning.md).
 //   - Optimistic mode: an instance whose lease ran dry may admit up to Rate /
 //     (8 x instances) per window on credit, reported at the next sync; the
 //     fleet may overshoot by at most the sum of those shares per window.
 //   - Counts are never silently lost: unused quota of a counter that is
-//     evicted, idle for a whole window, flushed or closed goes back to Redis.
+//     evicted, idle for a whole window, flushed or closed goes back to Redis,
+//     and so does the lease of a key gone quiet in a window with over a
+//     second to run (its client moved to another instance).
 //
 // When Redis does not answer within the timeout, decisions follow the
 // ratelimit.FailureMode (FailLocal by default) with a nil error, and a circuit breaker
