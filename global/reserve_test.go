@@ -84,16 +84,26 @@ func TestSettleThroughLostReplies(t *testing.T) {
 			_, err = m.Allow(context.Background(), "warm")
 			require.NoError(t, err)
 			stop := make(chan struct{})
-			var dropper sync.WaitGroup
+			var (
+				dropper sync.WaitGroup
+				settled atomic.Int64
+			)
 			dropper.Add(1)
-			go func() { // keep a lost reply armed for the next settle call
+			go func() {
+				// Lose the reply to the next settle call, and again once a
+				// settle call succeeded since: each lost reply is followed
+				// by a success, so that the last caller left, whose every
+				// call would otherwise be the next one, is not starved.
 				defer dropper.Done()
 				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(2 * time.Millisecond):
-						p.DropReplyTo([]byte("settle"))
+					seen := settled.Load()
+					p.DropReplyTo([]byte("settle"))
+					for settled.Load() == seen {
+						select {
+						case <-stop:
+							return
+						case <-time.After(time.Millisecond):
+						}
 					}
 				}
 			}()
@@ -106,7 +116,7 @@ func TestSettleThroughLostReplies(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					counted, failed := reserveAndSettle(t, m, uint64(g)<<8|uint64(retries+10), 60)
+					counted, failed := reserveAndSettle(t, m, uint64(g)<<8|uint64(retries+10), 60, &settled)
 					want.Add(counted)
 					failures.Add(failed)
 				}()
@@ -131,9 +141,10 @@ func TestSettleThroughLostReplies(t *testing.T) {
 // reserveAndSettle makes count reservations of random estimates on key "k"
 // and settles them with random actuals (refunds, overdrafts, cancels; a
 // tenth are never settled), retrying each Settle until it succeeds. It
-// returns what they leave counted and how many Settle calls failed. It may
-// run on any goroutine.
-func reserveAndSettle(t *testing.T, m *global.Multi, seed uint64, count int) (counted, failures int64) {
+// returns what they leave counted and how many Settle calls failed, and
+// counts each settle that succeeded in settled, if not nil. It may run on
+// any goroutine.
+func reserveAndSettle(t *testing.T, m *global.Multi, seed uint64, count int, settled *atomic.Int64) (counted, failures int64) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	ctx := context.Background()
 	for i := 0; i < count; i++ {
@@ -156,6 +167,9 @@ func reserveAndSettle(t *testing.T, m *global.Multi, seed uint64, count int) (co
 		for try := 0; ; try++ {
 			err := r.Settle(ctx, actual)
 			if err == nil {
+				if settled != nil {
+					settled.Add(1)
+				}
 				break
 			}
 			failures++
@@ -189,7 +203,7 @@ func TestSettleConcurrentCluster(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			counted, failed := reserveAndSettle(t, m, uint64(g)<<8|99, 50)
+			counted, failed := reserveAndSettle(t, m, uint64(g)<<8|99, 50, nil)
 			want.Add(counted)
 			if failed > 0 {
 				t.Errorf("%d Settle calls failed without faults", failed)
