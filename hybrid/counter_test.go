@@ -438,16 +438,23 @@ func TestIdleGiveBack(t *testing.T) {
 	if call, _, _ := k.tick(11*sec + 150*ms); call != nil {
 		t.Fatalf("gave back after 150ms: %+v", call.win)
 	}
-	now := 11*sec + 250*ms
+	k.mustGiveBack(11*sec+250*ms, 11, 20)
+}
+
+// mustGiveBack runs the syncer's visit at now and fails unless it gives
+// the key's lease back: a call refunding n units of window idx and asking
+// nothing, the lease gone, n refunded once Redis answers.
+func (k *keyTest) mustGiveBack(now, idx, n int64) {
+	k.t.Helper()
 	call, _, _ := k.tick(now)
-	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 11, Refund: 20}) || call.win.Want != 0 {
-		t.Fatalf("call %+v; want the 20 of window 11 given back", call)
+	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: idx, Refund: n}) || call.win.Want != 0 {
+		k.t.Fatalf("call %+v; want the %d unused of window %d given back", call, n, idx)
 	}
 	if k.c.cur.Load() != nil {
-		t.Error("the lease stayed")
+		k.t.Error("the lease stayed")
 	}
-	if e := k.reply(call, now, k.win(now, 0, 0)); e.refunded != 20 {
-		t.Errorf("refunded %d, want 20", e.refunded)
+	if e := k.reply(call, now, k.win(now, 0, 0)); e.refunded != uint64(n) {
+		k.t.Errorf("refunded %d, want %d", e.refunded, n)
 	}
 }
 
@@ -478,22 +485,12 @@ func TestQuietKeyGiveBack(t *testing.T) {
 	if call, _, _ := k.tick(lastUse + grain + 199*ms); call != nil || k.c.cur.Load() == nil {
 		t.Fatalf("gave back before the gap: %+v", call)
 	}
-	now := lastUse + grain + 200*ms
-	call, _, _ := k.tick(now)
-	if call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0] != (script.Adjust{Idx: 10, Refund: 299}) || call.win.Want != 0 {
-		t.Fatalf("call %+v; want the 299 unused of window 10 given back", call)
-	}
-	if k.c.cur.Load() != nil {
-		t.Error("the lease stayed")
-	}
-	if e := k.reply(call, now, k.win(now, 0, 1)); e.refunded != 299 {
-		t.Errorf("refunded %d, want 299", e.refunded)
-	}
+	k.mustGiveBack(lastUse+grain+200*ms, 10, 299)
 
 	k = newKeyTest(t, limit)
 	lastUse = start + 10*sec - 1400*ms // quiet enough 887.5ms before the end: an instance Redis refused might not ask again before it
 	used(k, lastUse)
-	call, _, _ = k.tick(start + 10*sec - 10*ms)
+	call, _, _ := k.tick(start + 10*sec - 10*ms)
 	if k.c.cur.Load() == nil || call != nil && len(call.win.Adjust) != 0 {
 		t.Errorf("gave back within a second of the window's end: %+v", call)
 	}
