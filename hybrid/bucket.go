@@ -49,12 +49,16 @@ func (b buckets) creditLease(lc *lockedCounter, _ int64, _ fleet) *lease {
 // a bucket is budgeted per period (its refill over a period), as a
 // window's is per window.
 func (b buckets) newCreditPeriod(c *counter, l *lease, now int64) {
-	w := now / b.p.periodNS
-	if l.budgetIdx.Load() == w {
+	if l.budgetIdx.Load() == now/b.p.periodNS {
 		return
 	}
 	lc := c.lock()
 	defer lc.unlock()
+	b.creditPeriod(l, now)
+}
+
+func (b buckets) creditPeriod(l *lease, now int64) {
+	w := now / b.p.periodNS
 	if l.budgetIdx.Load() == w {
 		return
 	}

@@ -418,6 +418,14 @@ func (c *counter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
 	}
 	lc := c.lock()
 	defer lc.unlock()
+	return lc.creditLease(p, now, f)
+}
+
+// creditLease is counter.creditLease with the key locked.
+func (lc *lockedCounter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
+	if l := lc.cur.Load(); l != nil && now < l.end {
+		return l, visitNone
+	}
 	_, v := lc.roll(p, now, f)
 	if l := lc.cur.Load(); l != nil && now < l.end {
 		return l, v
@@ -440,19 +448,47 @@ func (c *counter) onCredit(p *params, n, now, share int64, f fleet) (d ratelimit
 			v = v.or(w)
 			continue
 		}
-		if b+n > share {
-			return ratelimit.Decision{}, nil, v, false
-		}
-		if l.borrowed.CompareAndSwap(b, b+n) {
-			l.credit.Add(n)
-			c.admitted(p, l, n, now)
-			rem := share - b - n
-			if share == math.MaxInt64 {
-				rem = p.capacity
-			}
-			return p.allowed(rem, l, now), l, v.or(visitSoon), true
+		if d, ok := c.borrow(p, l, b, n, now, share); ok {
+			return d, l, v.or(visitSoon), true
+		} else if b+n > share {
+			return d, nil, v, false
 		}
 	}
+}
+
+// onCreditLocked is onCredit with the key locked, for a share computed
+// under the same lock: a grant bounded by afterOutage (which runs locked)
+// cannot come between the share and the credit taken within it.
+// (Leases are closed only once unpublished, under the lock: the one in
+// hand stays open.)
+func (lc *lockedCounter) onCreditLocked(p *params, n, now, share int64, f fleet) (d ratelimit.Decision, l *lease, v visit, ok bool) {
+	c := lc.counter()
+	l, v = lc.creditLease(p, now, f)
+	p.policy.creditPeriod(l, now)
+	for {
+		b := l.borrowed.Load()
+		if d, ok := c.borrow(p, l, b, n, now, share); ok {
+			return d, l, v.or(visitSoon), true
+		} else if b+n > share {
+			return d, nil, v, false
+		}
+	}
+}
+
+// borrow admits n on credit on l, whose borrowed was b, within share: it
+// reports false when they do not fit, or when l's borrowed changed
+// meanwhile (the caller tries again).
+func (c *counter) borrow(p *params, l *lease, b, n, now, share int64) (ratelimit.Decision, bool) {
+	if b+n > share || !l.borrowed.CompareAndSwap(b, b+n) {
+		return ratelimit.Decision{}, false
+	}
+	l.credit.Add(n)
+	c.admitted(p, l, n, now)
+	rem := share - b - n
+	if share == math.MaxInt64 {
+		rem = p.capacity
+	}
+	return p.allowed(rem, l, now), true
 }
 
 // giveBack returns n units a decision took in window idx: into the lease

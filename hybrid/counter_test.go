@@ -1,7 +1,10 @@
 package hybrid
 
 import (
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1078,6 +1081,48 @@ func TestAfterOutage(t *testing.T) {
 	k.reply(call, later, k.win(later, 400, 400))
 	if l := k.c.cur.Load(); l.idx != 12 || l.avail.Load() != 400 {
 		t.Errorf("window 12: holds %d, want the 400 granted", l.avail.Load())
+	}
+}
+
+// A grant that comes while the breaker is still open (Redis, back, ran a
+// call sent before the outage) and the credit decisions take meanwhile
+// share one budget, however they interleave: decisions on 4 goroutines
+// take credit until denied while the reply is applied, and the credit
+// they took and what the key kept of the grant together stay within the
+// budget (250: a limit of 1,000 over 4 instances).
+func TestAfterOutageGrantBesideCredit(t *testing.T) {
+	for round := 0; round < 300; round++ {
+		k := newKeyTest(t, perSecond1000)
+		k.f.instances = 4
+		now := 10*sec + 100*ms
+		call := k.ask(1, now) // on its way when Redis went away
+		k.f.breaker, k.f.outageFrom = breaker.Open, now
+		var credit atomic.Int64
+		var wg sync.WaitGroup
+		begin := make(chan struct{})
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-begin
+				for {
+					d, _, _ := k.c.fallback(k.p, 1, now, k.f)
+					if !d.Allowed {
+						return
+					}
+					credit.Add(1)
+				}
+			}()
+		}
+		close(begin)
+		for credit.Load() < int64(round%200) {
+			runtime.Gosched()
+		}
+		k.reply(call, now, k.win(now, 400, 500))
+		wg.Wait()
+		if kept := k.avail(); credit.Load()+kept > 250 {
+			t.Fatalf("round %d: %d on credit and %d kept of the grant: %d, over the budget of 250", round, credit.Load(), kept, credit.Load()+kept)
+		}
 	}
 }
 

@@ -49,8 +49,12 @@ func (c *counter) fallback(p *params, n, now int64, f fleet) (ratelimit.Decision
 		d, l, v, _ := c.onCredit(p, n, now, math.MaxInt64, f)
 		return d, l, v
 	case ratelimit.FailLocal:
-		l, v := c.creditLease(p, now, f)
+		// The budget and the credit taken within it under one lock: a grant
+		// that comes meanwhile (afterOutage, locked too) is bounded by the
+		// credit taken before it, and the credit after it by the budget
+		// it leaves.
 		lc := c.lock()
+		l, v := lc.creditLease(p, now, f)
 		share := lc.creditShare(l.idx, p.localShare(f), f)
 		idx := l.idx
 		if p.bucket {
@@ -58,18 +62,16 @@ func (c *counter) fallback(p *params, n, now int64, f fleet) (ratelimit.Decision
 		}
 		lc.noteBudget(idx, share)
 		share = lc.budgetLeft(idx, share)
+		d, l2, w, ok := lc.onCreditLocked(p, n, now, share, f)
+		end := l.end
+		if !ok && p.bucket {
+			_, end = p.policy.window(lc, now, f) // the budget's next period
+		}
 		lc.unlock()
-		d, l2, w, ok := c.onCredit(p, n, now, share, f)
 		if v = v.or(w); ok {
 			return d, l2, v
 		}
 		c.refused(p, n, now)
-		end := l.end
-		if p.bucket {
-			lc := c.lock()
-			_, end = p.policy.window(lc, now, f) // the budget's next period
-			lc.unlock()
-		}
 		wait := max(end-now, int64(time.Millisecond))
 		return p.denied(wait, wait), nil, v.or(visitSoon)
 	default: // FailClosed

@@ -23,6 +23,8 @@ type policy interface {
 	// newCreditPeriod starts a new credit budget on l when its period changed
 	// (buckets budget credit per period of the instance's clock).
 	newCreditPeriod(c *counter, l *lease, now int64)
+	// creditPeriod is newCreditPeriod with the key locked.
+	creditPeriod(l *lease, now int64)
 	// ask fills call k, made for a decision of n units that found have in
 	// the lease in hand: what the key owes, and what it asks.
 	ask(lc *lockedCounter, k *leaseCall, n, have, now int64, f fleet)
@@ -81,6 +83,7 @@ func (w windows) creditLease(lc *lockedCounter, now int64, f fleet) *lease {
 }
 
 func (w windows) newCreditPeriod(*counter, *lease, int64) {}
+func (w windows) creditPeriod(*lease, int64)              {}
 
 func (w windows) ask(lc *lockedCounter, k *leaseCall, n, have, now int64, f fleet) {
 	a := &k.win
