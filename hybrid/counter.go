@@ -448,10 +448,11 @@ func (c *counter) onCredit(p *params, n, now, share int64, f fleet) (d ratelimit
 			v = v.or(w)
 			continue
 		}
+		if b+n > share {
+			return ratelimit.Decision{}, nil, v, false
+		}
 		if d, ok := c.borrow(p, l, b, n, now, share); ok {
 			return d, l, v.or(visitSoon), true
-		} else if b+n > share {
-			return d, nil, v, false
 		}
 	}
 }
@@ -467,19 +468,20 @@ func (lc *lockedCounter) onCreditLocked(p *params, n, now, share int64, f fleet)
 	p.policy.creditPeriod(l, now)
 	for {
 		b := l.borrowed.Load()
+		if b+n > share {
+			return ratelimit.Decision{}, nil, v, false
+		}
 		if d, ok := c.borrow(p, l, b, n, now, share); ok {
 			return d, l, v.or(visitSoon), true
-		} else if b+n > share {
-			return d, nil, v, false
 		}
 	}
 }
 
-// borrow admits n on credit on l, whose borrowed was b, within share: it
-// reports false when they do not fit, or when l's borrowed changed
-// meanwhile (the caller tries again).
+// borrow admits n on credit on l, whose borrowed was b (b + n within
+// share): it reports false when l's borrowed changed meanwhile, and the
+// caller tries again.
 func (c *counter) borrow(p *params, l *lease, b, n, now, share int64) (ratelimit.Decision, bool) {
-	if b+n > share || !l.borrowed.CompareAndSwap(b, b+n) {
+	if !l.borrowed.CompareAndSwap(b, b+n) {
 		return ratelimit.Decision{}, false
 	}
 	l.credit.Add(n)
