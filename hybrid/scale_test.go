@@ -658,23 +658,31 @@ func quota(tl, tries *tally, keys []string, rate int, from, to time.Time) (over 
 // limit lease.lua leases. Two hybrid instances and, beside them, a global
 // Limiter and a global Multi (whose counters are strings: a plain
 // increment meets WRONGTYPE and lease.lua leases instead, in the same
-// exchange), on 200 keys:
-//   - far from the limit (a million per second): no denial, and most of
-//     the hybrid instances' leases made without lease.lua when they are
-//     alone; plain calls that met the Multi's strings fell back;
-//   - driven past a limit of 100 per second: no key-window over, at least
-//     97% of them at the limit.
+// exchange), on keys at random:
+//   - far from the limit (a million per second, 200 keys): no denial, and
+//     most of the hybrid instances' leases made without lease.lua when
+//     they are alone; plain calls that met the Multi's strings fell back;
+//   - driven past a limit of 100 per second (50 keys): no key-window over,
+//     at least 97% of them at the limit.
+//
+// The near case asks each key many times its limit per window even on a
+// slow host (at least 3,500 a window beside two busy loops under -race).
+// On 200 keys such a host asked some windows only 101 to 150 times, where
+// a lease's last units, a forecast of its holder's next moments, may
+// expire unused: that case is measured in docs/tuning.md ("Windows just
+// past the limit"), not asserted.
 func TestPlainLeasesShareQuota(t *testing.T) {
 	srv := redistest.Standalone(t)
 	for _, c := range []struct {
 		name  string
 		rate  int
 		mixed bool
-	}{{"far", 1_000_000, false}, {"far-mixed", 1_000_000, true}, {"near-mixed", 100, true}} {
+		keys  int
+	}{{"far", 1_000_000, false, 200}, {"far-mixed", 1_000_000, true, 200}, {"near-mixed", 100, true, 50}} {
 		t.Run(c.name, func(t *testing.T) {
 			limit := ratelimit.PerSecond(c.rate)
 			ls, hs := mixedFleet(t, srv, limit, c.mixed)
-			keys := numberedKeys("plain-", 200)
+			keys := numberedKeys("plain-", c.keys)
 			rc := srv.Client()
 			defer rc.Close()
 			require.NoError(t, rc.ConfigResetStat(context.Background()).Err())
