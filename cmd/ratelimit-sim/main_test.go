@@ -393,3 +393,11 @@ func readDocs(t *testing.T) string {
 	}
 	return b.String()
 }
+
+// The closing ratios keep two decimals where a rounding would change the
+// verdict against the cold rows' targets (1.55 is not 2x).
+func TestTimes(t *testing.T) {
+	for r, want := range map[float64]string{1.55: "1.55x", 0.5: "0.50x", 9.994: "9.99x", 10: "10x", 111.4: "111x"} {
+		require.Equal(t, want, times(r), "%v", r)
+	}
+}
