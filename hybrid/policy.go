@@ -114,10 +114,12 @@ func (lc *lockedCounter) attachDebts(p *params, a *script.LeaseArgs, now int64, 
 }
 
 // worthAhead reports whether the key is worth leasing the next window for:
-// it was asked at least twice in this window, or in this window and the
-// last. A key an instance sees about once a window or less (many keys over
-// many instances) would give a lease ahead back unused: a lease call and a
-// refund call for nothing.
+// it was asked at least leaseAt units in this window. A key an instance
+// sees about once a window or less (many keys over many instances) would
+// give a lease ahead back unused: a lease call and a refund call for
+// nothing. (Asked once in each of two windows running was worth it until
+// b44fbb4; leasing ahead for such keys again was measured since, with and
+// without the refund, and gained nothing clear: docs/tuning.md.)
 func (lc *lockedCounter) worthAhead() bool {
 	return lc.asked >= leaseAt
 }
