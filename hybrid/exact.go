@@ -21,8 +21,8 @@ import (
 // call; for SlidingWindow and the buckets, a call of the lease script for
 // exactly n units, consumed at once. A key leases again once it is asked
 // leaseAt times in a window, or (FixedWindow) once in each of two windows
-// running; a leased key keeps leasing ahead while it is used in every
-// window (lease ahead), so the two regimes have hysteresis. Keys are
+// running; a leased key keeps leasing ahead while it is asked leaseAt
+// units a window (worthAhead), so the two regimes have hysteresis. Keys are
 // counted exactly also when the instance's share of the limit is too small
 // to lease (Rate < leaseShare x instances) and when a window is nearly
 // spent (its last-known remainder at most twice the instances): the last
