@@ -17,13 +17,15 @@ import (
 // meanwhile. Such a key's decisions are counted exactly instead, each in
 // one call (an exactCall) that shares its round trip with every other call
 // of that moment: for FixedWindow an increment of the window's counter
-// (take.lua), what lands over the limit given back by the key's next lease
-// call; for SlidingWindow and the buckets, a call of the lease script for
-// exactly n units, consumed at once. A key leases again once it is asked
-// leaseAt times in a window, or (FixedWindow) once in each of two windows
-// running; a leased key keeps leasing ahead while it is asked leaseAt
-// units a window (worthAhead), so the two regimes have hysteresis. Keys are
-// counted exactly also when the instance's share of the limit is too small
+// (a plain HINCRBY, see plainRequest; take.lua near the window's edges),
+// what lands over the limit owed back (settleExact: the next tick sends
+// it, unless a call of the key carries it first); for SlidingWindow and
+// the buckets, a call of the lease script for exactly n units, consumed
+// at once. A key leases again once it is asked leaseAt times in a window,
+// or (FixedWindow) once in each of two windows running; a leased key
+// keeps leasing ahead while it is asked leaseAt units a window
+// (worthAhead), so the two regimes have hysteresis. Keys are counted
+// exactly also when the instance's share of the limit is too small
 // to lease (Rate < leaseShare x instances) and when a window is nearly
 // spent (its last-known remainder at most twice the instances): the last
 // units go one decision at a time, to whoever asks, none stranded in a
