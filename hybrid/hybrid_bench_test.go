@@ -113,7 +113,10 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 
 // BenchmarkColdKeys: every decision on a key the limiter has not seen in
 // its window (an exact call each, sharing round trips under RunParallel),
-// beside global's per-request script on the same server.
+// beside two peers on the same server: global, one limiter whose
+// concurrent decisions share round trips as the hybrid's do, and
+// global-per-request, a limiter per goroutine (as ratelimit-sim's
+// per-request phase): a round trip per decision.
 func BenchmarkColdKeys(b *testing.B) {
 	srv := redistest.Standalone(b)
 	limit := ratelimit.PerMinute(1_000_000)
@@ -149,5 +152,27 @@ func BenchmarkColdKeys(b *testing.B) {
 			b.Fatal(err)
 		}
 		run(b, g)
+	})
+	b.Run("global-per-request", func(b *testing.B) {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		b.Cleanup(func() { c.Close() })
+		prefix := global.WithPrefix("coldr" + strconv.FormatInt(time.Now().UnixNano(), 10))
+		var n atomic.Int64
+		b.ReportAllocs()
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			g, err := global.New(c, limit, prefix)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for pb.Next() {
+				if _, err := g.AllowN(context.Background(), "cold-"+strconv.FormatInt(n.Add(1), 10), 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	})
 }
