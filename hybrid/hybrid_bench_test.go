@@ -120,59 +120,51 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 func BenchmarkColdKeys(b *testing.B) {
 	srv := redistest.Standalone(b)
 	limit := ratelimit.PerMinute(1_000_000)
-	run := func(b *testing.B, l ratelimit.Limiter) {
+	client := func(b *testing.B) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		b.Cleanup(func() { c.Close() })
+		return c
+	}
+	prefix := func(p string) string { return p + strconv.FormatInt(time.Now().UnixNano(), 10) }
+	// run drives, on each goroutine, the limiter limiter returns: the one
+	// all share, or one of the goroutine's own.
+	run := func(b *testing.B, limiter func() (ratelimit.Limiter, error)) {
 		ctx := context.Background()
 		var n atomic.Int64
 		b.ReportAllocs()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := l.AllowN(ctx, "cold-"+strconv.FormatInt(n.Add(1), 10), 1); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
-	}
-	b.Run("hybrid", func(b *testing.B) {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-		b.Cleanup(func() { c.Close() })
-		h, err := hybrid.New(c, limit, hybrid.WithPrefix("cold"+strconv.FormatInt(time.Now().UnixNano(), 10)), hybrid.WithInstances(1))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { h.Close() })
-		run(b, h)
-	})
-	b.Run("global", func(b *testing.B) {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-		b.Cleanup(func() { c.Close() })
-		g, err := global.New(c, limit, global.WithPrefix("coldg"+strconv.FormatInt(time.Now().UnixNano(), 10)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		run(b, g)
-	})
-	b.Run("global-per-request", func(b *testing.B) {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-		b.Cleanup(func() { c.Close() })
-		prefix := global.WithPrefix("coldr" + strconv.FormatInt(time.Now().UnixNano(), 10))
-		var n atomic.Int64
-		b.ReportAllocs()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			g, err := global.New(c, limit, prefix)
+			l, err := limiter()
 			if err != nil {
 				b.Error(err)
 				return
 			}
 			for pb.Next() {
-				if _, err := g.AllowN(context.Background(), "cold-"+strconv.FormatInt(n.Add(1), 10), 1); err != nil {
+				if _, err := l.AllowN(ctx, "cold-"+strconv.FormatInt(n.Add(1), 10), 1); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	}
+	b.Run("hybrid", func(b *testing.B) {
+		h, err := hybrid.New(client(b), limit, hybrid.WithPrefix(prefix("cold")), hybrid.WithInstances(1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { h.Close() })
+		run(b, func() (ratelimit.Limiter, error) { return h, nil })
+	})
+	b.Run("global", func(b *testing.B) {
+		g, err := global.New(client(b), limit, global.WithPrefix(prefix("coldg")))
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, func() (ratelimit.Limiter, error) { return g, nil })
+	})
+	b.Run("global-per-request", func(b *testing.B) {
+		c, p := client(b), global.WithPrefix(prefix("coldr"))
+		run(b, func() (ratelimit.Limiter, error) { return global.New(c, limit, p) })
 	})
 }
