@@ -182,8 +182,9 @@ func maxOutageWait(periods []time.Duration) time.Duration { return 3 * periods[0
 // by mk (each given its own client and the one prefix), of limits of the
 // given periods, while Redis goes away (f) from freezeAt after the first
 // period's window's start (also a minute's, for a period of a minute), or
-// once the fleet knows that window spent, for freezeFor, and returns what they admitted per window of each limit
-// (a Limiter's Decision or a Multi's Limits, from ResetAfter).
+// once the fleet knows that window spent, for freezeFor, and returns what
+// they admitted per window of each limit (a Limiter's Decision or a
+// Multi's Limits, from ResetAfter).
 func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(redis.UniversalClient, string) ratelimit.Limiter, f outage, freezeAt, freezeFor, runFor time.Duration) outageResult {
 	t.Helper()
 	srv := redistest.Standalone(t)
