@@ -478,6 +478,15 @@ func (g *ledger) end(c *ledgerCall, key string, now int64, admitted bool, charge
 			// A window's count only grows but by refunds, so the least
 			// is the latest or the safe side.
 			e.free = r
+			if e.budget >= 0 {
+				// A cautious window's budget is its last news shared
+				// (caution): news of less left shrinks what the budget
+				// still allows to its share of it. Kept from news
+				// older than the reply (none, when the window became
+				// cautious before any reply of it), it would let the
+				// instance admit on credit a window Redis has spent.
+				e.budget = min(e.budget, e.used+r/int64(max(1, g.instances())))
+			}
 		}
 		if admitted && dw > c.win[i] && g.cautious(i, dw) {
 			if dw == e.win {

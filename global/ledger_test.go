@@ -243,3 +243,46 @@ func TestLedgerRemainderLeastReported(t *testing.T) {
 		t.Errorf("budget %d of a window spent before the outage; want 0", e.budget)
 	}
 }
+
+// A window cautious before any news of it (one beginning shortly after an
+// outage: its budget is the instances' share of the limit) hears later
+// from Redis that it is spent: what its budget still allows shrinks to
+// the share of that news, so an outage beginning then admits nothing more
+// in it on credit. Before, the budget kept the share of no news, and an
+// instance cut off for a moment before a window (a busy host) could admit
+// up to Rate / instances on credit in a window Redis had spent when it
+// froze (seen as 1,012 of 1,000 in TestOutageRecoveryFailLocal beside two
+// busy loops).
+func TestLedgerBudgetShrinksWithNews(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	g := newLedger([]ratelimit.Limit{{Rate: 1000, Period: time.Second}}, []ratelimit.Algorithm{ratelimit.FixedWindow}, 1200*time.Millisecond, func() int { return 8 })
+	g.down(4*sec + 500_000) // cut off for 100ms in window 4
+	g.up(4*sec + 600_000)   // window 5 begins within the settle: cautious
+	st := []ratelimit.LimitState{{}}
+	decide := func(now int64, remaining int, admitted bool) {
+		t.Helper()
+		var c ledgerCall
+		if !g.begin(&c, "k", now, 1, st) {
+			t.Fatalf("refused at %d by the budget: %+v", now, st[0])
+		}
+		st[0] = ratelimit.LimitState{Allowed: admitted, Remaining: remaining, ResetAfter: time.Duration((now/sec+1)*sec-now) * time.Microsecond}
+		if !g.end(&c, "k", now, admitted, 0, st) {
+			t.Fatalf("a reply within the budget refused at %d", now)
+		}
+	}
+	for i := int64(0); i < 10; i++ {
+		decide(5*sec+100_000+i, 500-int(i), true) // others take most of the window meanwhile
+	}
+	k := g.lock("k", 5)
+	if e := k.w[0]; e.budget != 1+500/8 || e.used != 10 {
+		t.Errorf("budget %d, used %d; want the least of each news' share past what was used then, 1 + 500 / 8, and 10", e.budget, e.used)
+	}
+	k.mu.Unlock()
+	decide(5*sec+200_000, 0, false) // Redis refuses: the window is spent
+	var c ledgerCall
+	g.begin(&c, "k", 5*sec+300_000, 1, st)
+	if k := g.lockOutage(&c, "k", st); k != nil {
+		k.mu.Unlock()
+		t.Errorf("Redis gone after it reported the window spent, the instance may still admit on credit: %+v", k.w[0])
+	}
+}
