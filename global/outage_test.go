@@ -33,7 +33,12 @@ import (
 // its last-known remainder shared by the instances, one that begins during
 // it the instances' shares, and the window Redis comes back in stays
 // within what the instances had left (their local admissions charged to
-// Redis before their next decision there).
+// Redis before their next decision there). An instance cut off alone
+// before the outage (its calls timing out on a busy host while Redis
+// answers the others) admits its budget, at most Rate / instances, on top
+// of the others' grants (docs/failure-modes.md): a window may pass Rate
+// by what such instances admitted on credit, which is checked to be
+// within that budget.
 func TestOutageRecoveryFailLocal(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -71,7 +76,7 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 				fb, err := local.New(share, local.WithAlgorithm(c.alg))
 				require.NoError(t, err)
 				l, err := global.New(rc, limit, global.WithPrefix(prefix), global.WithAlgorithm(c.alg),
-					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(c.instances))
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(credited{fb}), global.WithInstances(c.instances))
 				require.NoError(t, err)
 				global.OnDroppedDebt(l, func(win, units int64) {
 					mu.Lock()
@@ -81,8 +86,9 @@ func TestOutageRecoveryFailLocal(t *testing.T) {
 				return l
 			}, f, c.freezeAt, c.freezeFor, 5*time.Second+c.period)
 			perWin, froze, thawed := r.perWin[0], r.froze[0], r.thawed[0]
+			r.requireBound(t, 0, limit.Rate/c.instances)
 			for idx, n := range perWin {
-				require.LessOrEqual(t, n, limit.Rate, "window %d (froze in %d, thawed in %d)", idx, froze, thawed)
+				require.LessOrEqual(t, n, limit.Rate+r.alone[0][idx], "window %d (froze in %d, thawed in %d)", idx, froze, thawed)
 			}
 			require.Greater(t, perWin[thawed], 0, "the window Redis came back in admitted")
 			if c.alg == ratelimit.SlidingWindow {
@@ -129,13 +135,14 @@ func TestOutageRecoveryFailLocalMulti(t *testing.T) {
 				fb, err := local.NewMulti(shares, local.WithAlgorithms(algs...))
 				require.NoError(t, err)
 				m, err := global.NewMulti(rc, limits, global.WithPrefix(prefix), global.WithAlgorithms(algs...),
-					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(fb), global.WithInstances(instances))
+					global.WithFailureMode(ratelimit.FailLocal), global.WithFallback(creditedMulti{fb}), global.WithInstances(instances))
 				require.NoError(t, err)
 				return m
 			}, freeze, 1400*time.Millisecond, 2600*time.Millisecond, 6*time.Second)
 			for i, l := range limits {
+				r.requireBound(t, i, l.Rate/instances)
 				for idx, n := range r.perWin[i] {
-					require.LessOrEqual(t, n, l.Rate, "limit %d (%v), window %d", i, l.Period, idx)
+					require.LessOrEqual(t, n, l.Rate+r.alone[i][idx], "limit %d (%v), window %d", i, l.Period, idx)
 				}
 			}
 			during := 0
@@ -171,6 +178,60 @@ type outageResult struct {
 	froze, thawed []int64
 	client        redis.UniversalClient
 	prefix        string
+
+	// Per limit and window, what instances cut off alone admitted on
+	// credit (their fallback limiters, marked through credited) before
+	// Redis went away for all: in all, and the most by one instance.
+	// docs/failure-modes.md, "The outage bound": an instance whose calls
+	// time out while Redis answers the others (a host so loaded, as
+	// under -race beside other work) admits its budget, at most
+	// Rate / instances, on top of what Redis grants the rest of the
+	// fleet, until its credit is charged.
+	alone, aloneMost []map[int64]int
+}
+
+// requireBound checks that no instance cut off alone admitted more on
+// credit in a window of limit i than share, Rate / instances, the most
+// its budget can be.
+func (r outageResult) requireBound(t *testing.T, i, share int) {
+	t.Helper()
+	for w, n := range r.aloneMost[i] {
+		require.LessOrEqual(t, n, share, "limit %d, window %d: an instance cut off alone admitted past its share on credit", i, w)
+	}
+}
+
+// credited wraps a FailLocal fallback limiter: each admission it makes is
+// marked on the flag its caller's context carries (creditFlag), so that
+// outageRun tells admissions on credit from Redis' grants. creditedMulti
+// is credited for a Multi's fallback.
+type (
+	credited      struct{ ratelimit.Limiter }
+	creditedMulti struct{ ratelimit.MultiLimiter }
+	creditFlag    struct{}
+)
+
+func (c credited) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+	d, err := c.Limiter.AllowN(ctx, key, n)
+	markCredit(ctx, d)
+	return d, err
+}
+
+func (c creditedMulti) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
+	d, err := c.MultiLimiter.AllowN(ctx, key, n)
+	markCredit(ctx, d)
+	return d, err
+}
+
+func (c creditedMulti) AllowNInto(ctx context.Context, key string, n int, states *[]ratelimit.LimitState) (ratelimit.Decision, error) {
+	d, err := c.MultiLimiter.AllowNInto(ctx, key, n, states)
+	markCredit(ctx, d)
+	return d, err
+}
+
+func markCredit(ctx context.Context, d ratelimit.Decision) {
+	if f, ok := ctx.Value(creditFlag{}).(*bool); ok && d.Allowed {
+		*f = true
+	}
 }
 
 // maxOutageWait is how long past its time an outageRun's outage may wait
@@ -270,14 +331,21 @@ func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(red
 	var mu gosync.Mutex
 	var errs atomic.Int64
 	var wg gosync.WaitGroup
+	alone := make([][]map[int64]int, len(ls)) // per instance and limit
 	for li, l := range ls {
+		for range periods {
+			alone[li] = append(alone[li], map[int64]int{})
+		}
 		for w := 0; w < 4; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				var credit bool
+				ctx := context.WithValue(context.Background(), creditFlag{}, &credit)
 				for time.Now().UnixMicro() < stopAt.Load() {
+					credit = false
 					t0 := time.Now().UnixMicro()
-					d, err := l.AllowN(context.Background(), "k", 1)
+					d, err := l.AllowN(ctx, "k", 1)
 					t1 := time.Now().UnixMicro()
 					if err != nil {
 						errs.Add(1)
@@ -301,7 +369,11 @@ func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(red
 								reset = ls[i].ResetAfter
 							}
 							p := q.Microseconds()
-							r.perWin[i][((t0+t1)/2+reset.Microseconds()+p/2)/p-1]++
+							w := ((t0+t1)/2+reset.Microseconds()+p/2)/p - 1
+							r.perWin[i][w]++
+							if fa := frozeAt.Load(); credit && (fa == 0 || t1 < fa) {
+								alone[li][i][w]++ // on credit, while Redis answered the fleet
+							}
 						}
 						mu.Unlock()
 					}
@@ -314,6 +386,15 @@ func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(red
 	for _, q := range periods {
 		r.froze = append(r.froze, frozeAt.Load()/q.Microseconds())
 		r.thawed = append(r.thawed, thawedAt.Load()/q.Microseconds())
+	}
+	for l := range periods {
+		r.alone, r.aloneMost = append(r.alone, map[int64]int{}), append(r.aloneMost, map[int64]int{})
+		for li := range ls {
+			for w, n := range alone[li][l] {
+				r.alone[l][w] += n
+				r.aloneMost[l][w] = max(r.aloneMost[l][w], n)
+			}
+		}
 	}
 	var b strings.Builder
 	for l, perWin := range r.perWin {
@@ -337,6 +418,9 @@ func outageRun(t *testing.T, instances int, periods []time.Duration, mk func(red
 				mark = " (thawed)"
 			case i > froze && i < thawed:
 				mark = " (frozen)"
+			}
+			if n := r.alone[l][i]; n > 0 {
+				mark += fmt.Sprintf(" (%d on credit, cut off alone)", n)
 			}
 			fmt.Fprintf(&b, " %d%s", perWin[i], mark)
 		}
