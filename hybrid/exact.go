@@ -21,7 +21,9 @@ import (
 // what lands over the limit owed back (settleExact: the next tick sends
 // it, unless a call of the key carries it first); for SlidingWindow and
 // the buckets, a call of the lease script for exactly n units, consumed
-// at once. A key leases again once it is asked leaseAt times in a window,
+// at once. A FixedWindow key's first decision in two windows (Strict
+// mode) is such a call made before the key has a counter (first.go). A
+// key leases again once it is asked leaseAt times in a window,
 // or (FixedWindow) once in each of two windows running; a leased key
 // keeps leasing ahead while it is asked leaseAt units a window
 // (worthAhead), so the two regimes have hysteresis. Keys are counted
@@ -43,7 +45,8 @@ const (
 // reply does), and when the reply comes after the decision stopped
 // waiting, what it counted is owed back (see settleExact).
 type exactCall struct {
-	c     *counter
+	c     *counter // nil for a key's first decision (first): then key
+	key   string
 	n     int64
 	fw    bool            // take.lua or a plain increment; else the lease or bucket script for exactly n
 	take  script.TakeArgs // fw

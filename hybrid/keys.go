@@ -22,30 +22,74 @@ import (
 // longer than script.MaxVerbatimKey bytes, a digest of it (see indexKey),
 // so a key costs a bounded number of bytes whatever its length.
 func (h *Limiter) lookup(key string) *counter {
-	k := key
-	if len(k) > script.MaxVerbatimKey {
-		k = indexKey(key)
-	}
-	if v, ok := h.index.Load(k); ok {
-		c := v.(*counter)
-		if !c.touched.Load() {
-			c.touched.Store(true)
-			h.table.Get(k)
-		}
-		return c
-	}
-	c, created := h.table.GetOrCreateKeyed(k, func(own string) *counter {
+	return h.lookupWith(key, func(own string) *counter {
 		return &counter{key: own, lead: h.p.leadOf(own)}
 	})
-	if !created && !c.dead.Load() {
-		h.index.Store(c.key, c) // used again: from now on found without a lock
-		if c.dead.Load() {
-			// Dropped meanwhile: whoever dropped it (marked it dead, then
-			// took it out of the index) may have looked before the store.
-			h.index.CompareAndDelete(c.key, c)
-		}
+}
+
+// lookupWith is lookup, with make to make the counter on a miss, given the
+// key as kept.
+func (h *Limiter) lookupWith(key string, make func(own string) *counter) *counter {
+	k := kept(key)
+	if c := h.indexed(k); c != nil {
+		return c
+	}
+	c, created := h.table.GetOrCreateKeyed(k, make)
+	if !created {
+		h.used(c)
 	}
 	return c
+}
+
+// find returns key as kept (see lookup) and its counter, or nil when the
+// table holds none.
+func (h *Limiter) find(key string) (string, *counter) {
+	k := kept(key)
+	if c := h.indexed(k); c != nil {
+		return k, c
+	}
+	c, ok := h.table.Get(k)
+	if !ok {
+		return k, nil
+	}
+	h.used(c)
+	return k, c
+}
+
+// kept returns key as the Limiter keeps it (see lookup).
+func kept(key string) string {
+	if len(key) > script.MaxVerbatimKey {
+		return indexKey(key)
+	}
+	return key
+}
+
+// indexed returns the counter of the key kept as k from the index, or nil.
+func (h *Limiter) indexed(k string) *counter {
+	v, ok := h.index.Load(k)
+	if !ok {
+		return nil
+	}
+	c := v.(*counter)
+	if !c.touched.Load() {
+		c.touched.Store(true)
+		h.table.Get(k)
+	}
+	return c
+}
+
+// used puts c, found in the table (used again), in the index: from now on
+// it is found without a lock.
+func (h *Limiter) used(c *counter) {
+	if c.dead.Load() {
+		return
+	}
+	h.index.Store(c.key, c)
+	if c.dead.Load() {
+		// Dropped meanwhile: whoever dropped it (marked it dead, then
+		// took it out of the index) may have looked before the store.
+		h.index.CompareAndDelete(c.key, c)
+	}
 }
 
 // evicted is the key table's eviction callback: the counter's leases go

@@ -3,8 +3,11 @@ package hybrid
 // The Limiter, and one decision through it, top to bottom:
 //
 //  1. AllowN checks its input and reads the clock once: now.
-//  2. lookup (keys.go): the key's counter, from the index without a lock,
-//     or from the table (made there on a miss).
+//  2. find (keys.go): the key's counter, from the index without a lock,
+//     or from the table. A key the table does not hold goes to slow,
+//     where its first decision in two windows is one exact call made
+//     without a counter (first.go); its counter is made (lookup) when it
+//     is asked again, or when the call's reply needs one.
 //  3. counter.take (counter.go): n from the lease in hand with one CAS:
 //     allowed; or denied while Redis refused the key. No Redis, no
 //     allocation, no lock.
@@ -59,6 +62,7 @@ type Limiter struct {
 	clk   *serverClock
 
 	table  *local.Table[*counter]
+	seen   *seen      // keys decided without a counter (first.go)
 	index  gosync.Map // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup)
 	syncer *bgsync.Syncer[*counter]
 	wheel  wheel   // visits the syncer scheduled
@@ -140,6 +144,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.wheel.interval = int64(cfg.syncInterval)
 	h.health.init(h, cfg)
 	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
+	h.seen = newSeen(cfg.maxKeys)
 	s, err := bgsync.New[*counter](h.flush,
 		bgsync.WithInterval(cfg.syncInterval),
 		bgsync.WithTimeout(cfg.callTimeout()),
@@ -197,7 +202,11 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	} else {
 		now = int64(h.clock().Sub(h.start))
 	}
-	c := h.lookup(key)
+	_, c := h.find(key)
+	if c == nil { // the table holds no counter of the key: see first
+		d, _, err := h.slow(ctx, nil, key, int64(n), now, nil)
+		return d, err
+	}
 	var d ratelimit.Decision
 	if _, v, ok := c.take(h.p, int64(n), now, &d); ok {
 		h.tell(c, v)
@@ -264,59 +273,84 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 	}()
 	p := h.p
 	for attempt := 0; ; attempt++ {
-		if c.dead.Load() {
-			c = h.lookup(key)
-		}
-		if attempt > 0 {
-			now = h.mono()
-		}
-		if attempt == 1 {
-			c.waited.Add(1) // the decision waited on Redis
-		}
-		f := h.facts()
-		// a. the lease taken ahead, once its window has begun
-		rolled, v := c.roll(p, now, f)
-		h.tell(c, v)
-		if rolled || attempt > 0 {
-			var d ratelimit.Decision
-			if l, v, ok := c.take(p, n, now, &d); ok {
-				h.tell(c, v)
-				return d, l, nil
-			}
-		}
-		// b. credit, in optimistic mode
-		if p.mode == Optimistic && f.breaker == breaker.Closed {
-			if d, l, v, ok := c.onCredit(p, n, now, p.optimisticShare(f), f); ok {
-				h.tell(c, v)
-				return d, l, nil
-			}
-		}
-		if attempt >= maxLeaseAttempts {
-			// Every grant was taken by concurrent callers before this one
-			// got to it, again and again, while Redis kept granting: deny
-			// rather than spin. (Exhaustion ends the loop sooner: Redis
-			// answers with no grant and take denies until the reset.)
-			c.refused(p, n, now)
-			h.tell(c, visitSoon)
-			return p.denied(p.interval, p.interval), nil, nil
-		}
-		// c. the breaker open: the failure mode
-		if !h.health.brk.Allow() {
-			h.st.fallback.Add(1)
-			d, l, v := c.fallback(p, n, now, f)
-			h.tell(c, v)
-			return d, l, nil
-		}
-		// d. ask Redis, and wait
-		var fire <-chan time.Time
-		if expired == nil {
-			if timer == nil {
+		var e *exactCall
+		var err error
+		var f fleet
+		var v visit
+		made := false // the call of a key's first decision (first.go) is e
+		if c == nil {
+			var fire <-chan time.Time
+			if expired == nil {
 				timer = timers.Get().(*time.Timer)
 				timer.Reset(h.cfg.timeout)
+				fire = timer.C
 			}
-			fire = timer.C
+			t := h.first(ctx, key, n, now, fire, expired)
+			if t.done {
+				return t.d, nil, nil
+			}
+			c = h.lookupSeeded(key, t.seed)
+			if t.e != nil {
+				t.e.c = c // (the reply is in: nothing else reads c)
+			}
+			e, err, made = t.e, t.err, t.e != nil || t.err != nil
 		}
-		e, err := h.ask(ctx, c, n, now, fire, expired)
+		if !made {
+			if c.dead.Load() {
+				c = h.lookup(key)
+			}
+			if attempt > 0 {
+				now = h.mono()
+			}
+			if attempt == 1 {
+				c.waited.Add(1) // the decision waited on Redis
+			}
+			f = h.facts()
+			// a. the lease taken ahead, once its window has begun
+			var rolled bool
+			rolled, v = c.roll(p, now, f)
+			h.tell(c, v)
+			if rolled || attempt > 0 {
+				var d ratelimit.Decision
+				if l, v, ok := c.take(p, n, now, &d); ok {
+					h.tell(c, v)
+					return d, l, nil
+				}
+			}
+			// b. credit, in optimistic mode
+			if p.mode == Optimistic && f.breaker == breaker.Closed {
+				if d, l, v, ok := c.onCredit(p, n, now, p.optimisticShare(f), f); ok {
+					h.tell(c, v)
+					return d, l, nil
+				}
+			}
+			if attempt >= maxLeaseAttempts {
+				// Every grant was taken by concurrent callers before this one
+				// got to it, again and again, while Redis kept granting: deny
+				// rather than spin. (Exhaustion ends the loop sooner: Redis
+				// answers with no grant and take denies until the reset.)
+				c.refused(p, n, now)
+				h.tell(c, visitSoon)
+				return p.denied(p.interval, p.interval), nil, nil
+			}
+			// c. the breaker open: the failure mode
+			if !h.health.brk.Allow() {
+				h.st.fallback.Add(1)
+				d, l, v := c.fallback(p, n, now, f)
+				h.tell(c, v)
+				return d, l, nil
+			}
+			// d. ask Redis, and wait
+			var fire <-chan time.Time
+			if expired == nil {
+				if timer == nil {
+					timer = timers.Get().(*time.Timer)
+					timer.Reset(h.cfg.timeout)
+				}
+				fire = timer.C
+			}
+			e, err = h.ask(ctx, c, n, now, fire, expired)
+		}
 		if err == nil && e != nil && e.late(h.clk.View()) {
 			// counted, perhaps in the window after its own: given back,
 			// and the decision taken again

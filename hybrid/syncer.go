@@ -203,10 +203,14 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 			}
 		}
 		if !q.answered(r, x) { // the decision left: what the call counted goes back
-			lc := q.c.lock()
+			c := q.c
+			if c == nil {
+				c = h.lookup(q.key) // (first: the decision left before the key had a counter)
+			}
+			lc := c.lock()
 			v := lc.settleExact(q, true)
 			lc.unlock()
-			h.tell(q.c, v)
+			h.tell(c, v)
 		}
 	}
 }

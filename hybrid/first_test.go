@@ -1,0 +1,118 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/hybrid"
+	"github.com/hybridlimit/ratelimit/internal/faultproxy"
+	"github.com/hybridlimit/ratelimit/internal/redistest"
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// A key's first decision in two windows is one exact call and no counter:
+// Redis counts exactly its unit, the key table does not grow, no lease is
+// taken. Asked again in the window, the key gets its counter and leases,
+// as a key with a counter all along would have (its first use counted).
+func TestFirstDecisionNoCounter(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	prefix := uniq(t)
+	idx := freshWindow(t, c, time.Hour, 30*time.Second)
+	h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	_, err = h.Allow(ctx, "warm") // Redis time learnt: the next calls know their window
+	require.NoError(t, err)
+	before := h.Stats()
+	const n = 50
+	for i := range n {
+		d, err := h.Allow(ctx, fmt.Sprint("first-", i))
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, 999, d.Remaining)
+		require.Greater(t, d.ResetAfter, 29*time.Second)
+	}
+	s := h.Stats()
+	require.Equal(t, before.KeysTracked, s.KeysTracked, "no counter made")
+	require.Equal(t, uint64(n), s.ExactDecisions-before.ExactDecisions)
+	require.Equal(t, uint64(n), s.Allowed-before.Allowed)
+	require.Equal(t, before.LocalDecisions, s.LocalDecisions, "each waited on Redis")
+	require.Equal(t, before.Leases, s.Leases, "no lease taken")
+	for i := range n {
+		require.Equal(t, 1, redisCount(t, c, prefix, fmt.Sprint("first-", i), idx))
+	}
+
+	d, err := h.Allow(ctx, "first-0") // again in the window: warm (asked twice)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	s2 := h.Stats()
+	require.Equal(t, s.KeysTracked+1, s2.KeysTracked)
+	require.Equal(t, s.Leases+1, s2.Leases, "a key asked twice in a window leases")
+	require.Equal(t, s.ExactDecisions, s2.ExactDecisions)
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, 2, redisCount(t, c, prefix, "first-0", idx), "after Flush Redis counts what was admitted")
+}
+
+// A first decision whose reply comes after it stopped waiting (strict:
+// denied) leaves nothing counted once the reply is in: the key gets a
+// counter to owe the unit back, and the syncer gives it back. A denial
+// makes a counter too, which then denies in memory until the window ends.
+func TestFirstDecisionAbandonedOrDenied(t *testing.T) {
+	srv := redistest.Standalone(t)
+	direct := srv.Client()
+	defer direct.Close()
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer c.Close()
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, time.Hour, 30*time.Second)
+	const timeout = 100 * time.Millisecond
+	limit := ratelimit.PerHour(1000)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(timeout))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	_, err = h.Allow(ctx, "warm")
+	require.NoError(t, err)
+	before := h.Stats()
+
+	p.SetLatency(timeout) // a round trip of twice the timeout
+	d, err := h.Allow(ctx, "late")
+	require.NoError(t, err)
+	require.False(t, d.Allowed, "strict: no reply in time is a denial")
+	p.SetLatency(0)
+	require.Eventually(t, func() bool { return h.Stats().KeysTracked == before.KeysTracked+1 }, 5*time.Second, 10*time.Millisecond,
+		"the late reply's unit is owed by a counter")
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, 0, redisCount(t, direct, prefix, "late", idx), "the late reply's unit given back")
+	require.False(t, h.Stats().Degraded, "a slow reply is not an outage")
+
+	// Over the limit: the window holds 1000 already.
+	base, err := script.KeyBase(prefix, "full")
+	require.NoError(t, err)
+	require.NoError(t, direct.HSet(ctx, script.WindowKey(base, script.Kind(ratelimit.FixedWindow, limit), idx), "c", 1000).Err())
+	tracked := h.Stats().KeysTracked
+	d, err = h.Allow(ctx, "full")
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Positive(t, d.RetryAfter)
+	require.Equal(t, tracked+1, h.Stats().KeysTracked, "a denial makes the key's counter")
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, 1000, redisCount(t, direct, prefix, "full", idx), "the denied unit given back")
+	rts := h.Stats().SyncRoundTrips
+	d, err = h.Allow(ctx, "full")
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.Equal(t, rts, h.Stats().SyncRoundTrips, "denied in memory after the denial")
+}
