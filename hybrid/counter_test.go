@@ -921,6 +921,33 @@ func TestColdRegime(t *testing.T) {
 	lc.unlock()
 }
 
+// A key is worth leasing the next window for when asked twice in this
+// one, or, FixedWindow only, in this one and the last: its plain lease
+// ahead left unused expires with the window, where a SlidingWindow one
+// costs a refund call.
+func TestWorthAhead(t *testing.T) {
+	for _, c := range []struct {
+		alg              ratelimit.Algorithm
+		asked, prevAsked int64
+		want             bool
+	}{
+		{ratelimit.FixedWindow, 2, 0, true},
+		{ratelimit.FixedWindow, 1, 1, true},
+		{ratelimit.FixedWindow, 1, 0, false},
+		{ratelimit.FixedWindow, 0, 5, false}, // not asked yet this window
+		{ratelimit.SlidingWindow, 2, 0, true},
+		{ratelimit.SlidingWindow, 1, 1, false},
+	} {
+		k := newKeyTest(t, perSecond1000, algorithm(c.alg))
+		lc := k.c.lock()
+		lc.asked, lc.prevAsked = c.asked, c.prevAsked
+		if got := lc.worthAhead(k.p); got != c.want {
+			t.Errorf("%v asked %d, %d the window before: worth leasing ahead %v; want %v", c.alg, c.asked, c.prevAsked, got, c.want)
+		}
+		lc.unlock()
+	}
+}
+
 // An exact call for FixedWindow carries what the key owes the window it
 // counts in, credit first; its reply decides, and what did not apply is
 // owed again.

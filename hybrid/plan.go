@@ -167,7 +167,7 @@ func (w windows) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 	// the window's start, which makes the next wait longer. Quota leased
 	// ahead for a key that then stays quiet goes back soon after its window
 	// begins (release).
-	if lead := max(lc.lead, 2*f.tickGap); lc.next == nil && t.end-now <= lead && lc.worthAhead() && now-t.lastUse < p.periodNS {
+	if lead := max(lc.lead, 2*f.tickGap); lc.next == nil && t.end-now <= lead && lc.worthAhead(p) && now-t.lastUse < p.periodNS {
 		a.WantNext = lc.want(p, 0, 0, t.end, t.end+p.periodNS, f)
 		a.Lead = (lead + p.interval) / 1000
 	}
@@ -184,7 +184,7 @@ func (w windows) schedule(lc *lockedCounter, t tickFacts) int64 {
 		// a key leased by a decision early in a window has been asked once
 		// when the syncer first sees it, and would otherwise never lease
 		// ahead, waiting on Redis at every window's start.
-		if at2 := t.end - lc.lead; lc.next == nil && (at2 > t.now && (lc.asked > 0 || lc.prevAsked > 0) || lc.worthAhead()) {
+		if at2 := t.end - lc.lead; lc.next == nil && (at2 > t.now && (lc.asked > 0 || lc.prevAsked > 0) || lc.worthAhead(w.p)) {
 			at = min(at, at2)
 		}
 		if cur.pre {

@@ -90,7 +90,7 @@ func (w windows) ask(lc *lockedCounter, k *leaseCall, n, have, now int64, f flee
 	lc.attachDebts(w.p, a, now, f)
 	_, end := w.window(lc, now, f)
 	a.Want, a.Min = lc.want(w.p, n, have, now, end, f), max(1, n-have)
-	if lead := max(lc.lead, 2*f.tickGap); lc.next == nil && end-now <= lead && lc.worthAhead() {
+	if lead := max(lc.lead, 2*f.tickGap); lc.next == nil && end-now <= lead && lc.worthAhead(w.p) {
 		// near the window's end: the next window's quota in the same call
 		a.WantNext = lc.want(w.p, 0, 0, end, end+w.p.periodNS, f)
 		a.Lead = (lead + w.p.interval) / 1000
@@ -114,12 +114,17 @@ func (lc *lockedCounter) attachDebts(p *params, a *script.LeaseArgs, now int64, 
 }
 
 // worthAhead reports whether the key is worth leasing the next window for:
-// it was asked at least leaseAt units in this window. A key an instance
-// sees about once a window or less (many keys over many instances) would
-// give a lease ahead back unused: a lease call and a refund call for
-// nothing. (Asked once in each of two windows running was worth it until
-// b44fbb4; leasing ahead for such keys again was measured since, with and
-// without the refund, and gained nothing clear: docs/tuning.md.)
-func (lc *lockedCounter) worthAhead() bool {
-	return lc.asked >= leaseAt
+// it was asked at least leaseAt units in this window, or, for FixedWindow,
+// in this window and the last (about once a window or more). A key an
+// instance sees about once a window or less gives much of such a lease back
+// unused: for SlidingWindow a refund call each, so only keys asked twice
+// lease ahead there (asked once in each of two windows running was worth it
+// until b44fbb4, and measured since with and without the refund, gaining
+// nothing clear: docs/tuning.md). A FixedWindow lease far from the limit is
+// a plain increment whose unused units expire with their window, and keys
+// asked in two windows running leasing ahead take the cold row's closed loop
+// up in the seconds its keys warm (docs/tuning.md, "A key's first decision
+// without a counter").
+func (lc *lockedCounter) worthAhead(p *params) bool {
+	return lc.asked >= leaseAt || p.alg == ratelimit.FixedWindow && lc.asked > 0 && lc.prevAsked > 0
 }
