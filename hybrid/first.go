@@ -150,25 +150,9 @@ func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <
 	t.seed = seed{idx: pidx, uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
 	h.exacts.Add(1)
 	h.asks.add(e)
-	var err error
-	select {
-	case <-e.done:
-	case <-timeout:
-		err = context.DeadlineExceeded
-	case <-expired:
-		err = context.DeadlineExceeded
-	case <-ctx.Done():
-		err = ctx.Err()
-	}
-	if err != nil {
-		if e.abandon() {
-			t.err = err // the reply, when it comes, is owed back (answer)
-			return t
-		}
-		<-e.done // the reply came meanwhile: it is the decision's
-	}
-	t.e, t.err = e, e.res.err
-	if e.res.err != nil || e.late(h.clk.View()) || !e.admitted() {
+	answered, err := e.await(ctx, timeout, expired)
+	t.e, t.err = answered, err // (nil: it stopped waiting, and the reply, when it comes, is owed back)
+	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t
 	}
 	r := e.res.take

@@ -434,29 +434,39 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 		lc.unlock()
 		h.asks.add(k)
 	}
-	done := fl.Done()
 	if e != nil {
-		done = e.done
+		return e.await(ctx, timeout, expired)
 	}
-	var err error
+	if err := wait(ctx, fl.Done(), timeout, expired); err != nil {
+		return nil, err
+	}
+	return nil, fl.err
+}
+
+// wait waits until done closes, timeout fires, expired closes or ctx ends.
+// It returns nil when done closed, else why it stopped waiting.
+func wait(ctx context.Context, done <-chan struct{}, timeout <-chan time.Time, expired <-chan struct{}) error {
 	select {
 	case <-done:
-		if e != nil {
-			return e, e.res.err
-		}
-		return nil, fl.err
+		return nil
 	case <-timeout:
-		err = context.DeadlineExceeded
+		return context.DeadlineExceeded
 	case <-expired:
-		err = context.DeadlineExceeded
+		return context.DeadlineExceeded
 	case <-ctx.Done():
-		err = ctx.Err()
+		return ctx.Err()
 	}
-	if e != nil && !e.abandon() {
-		<-e.done // the reply came meanwhile: it is the decision's
-		return e, e.res.err
+}
+
+// await waits for the reply of exact call e as wait does, and returns e
+// with its error; or, when the decision stopped waiting first, nil and why
+// (the reply, when it comes, is owed back: see answer).
+func (e *exactCall) await(ctx context.Context, timeout <-chan time.Time, expired <-chan struct{}) (*exactCall, error) {
+	if err := wait(ctx, e.done, timeout, expired); err != nil && e.abandon() {
+		return nil, err
 	}
-	return nil, err
+	<-e.done // (when it stopped waiting, the reply came meanwhile: it is the decision's)
+	return e, e.res.err
 }
 
 func (h *Limiter) mono() int64 {
