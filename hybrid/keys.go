@@ -27,33 +27,32 @@ func (h *Limiter) lookup(key string) *counter {
 	})
 }
 
-// lookupWith is lookup, with make to make the counter on a miss, given the
+// lookupWith is lookup, with mk to make the counter on a miss, given the
 // key as kept.
-func (h *Limiter) lookupWith(key string, make func(own string) *counter) *counter {
+func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter {
 	k := kept(key)
 	if c := h.indexed(k); c != nil {
 		return c
 	}
-	c, created := h.table.GetOrCreateKeyed(k, make)
+	c, created := h.table.GetOrCreateKeyed(k, mk)
 	if !created {
 		h.used(c)
 	}
 	return c
 }
 
-// find returns key as kept (see lookup) and its counter, or nil when the
-// table holds none.
-func (h *Limiter) find(key string) (string, *counter) {
+// find is lookup without making a counter: nil when the table holds none.
+func (h *Limiter) find(key string) *counter {
 	k := kept(key)
 	if c := h.indexed(k); c != nil {
-		return k, c
+		return c
 	}
 	c, ok := h.table.Get(k)
 	if !ok {
-		return k, nil
+		return nil
 	}
 	h.used(c)
-	return k, c
+	return c
 }
 
 // kept returns key as the Limiter keeps it (see lookup).

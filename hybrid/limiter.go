@@ -202,7 +202,7 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	} else {
 		now = int64(h.clock().Sub(h.start))
 	}
-	_, c := h.find(key)
+	c := h.find(key)
 	if c == nil { // the table holds no counter of the key: see first
 		d, _, err := h.slow(ctx, nil, key, int64(n), now, nil)
 		return d, err
