@@ -25,7 +25,7 @@ type Stats struct {
 	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
 	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
-	KeysTracked    int    // keys held in memory now
+	KeysTracked    int    // keys held in memory now (not a key decided once in two windows, which keeps no counter)
 	Instances      int    // instances sharing the quota, as last learned (16 while never learned; see WithInstances)
 	Degraded       bool   // the circuit breaker is open: decisions do not wait on Redis
 	// LastError is the last error Redis or the client returned to any
