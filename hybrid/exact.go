@@ -24,7 +24,10 @@ import (
 // at once. A FixedWindow key's first decision in two windows (Strict
 // mode) is such a call made before the key has a counter (first.go). A
 // key leases again once it is asked leaseAt times in a window,
-// or (FixedWindow) once in each of two windows running; a leased key
+// or (FixedWindow) once in each of two windows running (on a crowded
+// instance, one whose decisions wait on Redis by the dozen at once, a key
+// without a counter gets one only at its crowdedAt-th decision of a
+// window: see crowd in first.go); a leased key
 // keeps leasing ahead while it is asked leaseAt units a window
 // (worthAhead), so the two regimes have hysteresis. Keys are counted
 // exactly also when the instance's share of the limit is too small

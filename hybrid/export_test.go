@@ -71,3 +71,12 @@ func WithHeartbeat(every time.Duration) Option {
 		return nil
 	})
 }
+
+// Crowd makes h's decisions find it crowded (see crowd), as after round
+// trips that each carried calls calls. The round trips its decisions wait
+// on after this move the estimate back, a sixteenth of the way each.
+func Crowd(h *Limiter, calls int) {
+	for range 64 {
+		h.crowd.add(calls)
+	}
+}

@@ -29,19 +29,24 @@ import (
 // or when the reply is anything but an admission far from the limit (a
 // denial, a reply too near the window's end, an error, no reply in time,
 // a window nearly spent): then the counter settles the call as the
-// counter path does, and the decision goes on there.
+// counter path does, and the decision goes on there. On a crowded instance
+// (see crowd) "asked again" is asked crowdedAt times in one window: there
+// a key asked about once a window or less stays without a counter, and
+// the held filter tells most of its decisions so before the key table is
+// searched.
 
 // seen is a lossy record of the window in which this instance last decided
-// each key without a counter, and how far from the limit Redis said it
-// was. A key hashes to a bucket of seenWays slots; a slot holds a
-// fingerprint of the hash (24 bits), the remainder as a fraction of the
-// limit (8 bits, rounded down) and the window's index (its low 32 bits). A
+// each key without a counter, how often it did in that window, and how far
+// from the limit Redis said it was. A key hashes to a bucket of seenWays
+// slots; a slot holds a fingerprint of the hash (24 bits), the remainder
+// as a fraction of the limit (8 bits, rounded down), the decisions of the
+// window (4 bits, up to 15) and the window's index (its low 28 bits). A
 // key recorded takes a slot of its bucket not recorded in this window or
 // the last, else the one recorded in the last, else one by its hash: when
 // more keys than slots share a bucket within two windows, a key not found
-// that was waits one decision longer to lease, and a fingerprint shared
-// makes a counter one decision early; neither changes what is counted. No
-// lock: a slot is one atomic word.
+// that was waits longer to lease, and a fingerprint shared makes a counter
+// early; neither changes what is counted. No lock: a slot is one atomic
+// word (two decisions of a key recording at once may count one).
 type seen struct {
 	seed  maphash.Seed
 	slots []atomic.Uint64
@@ -49,9 +54,11 @@ type seen struct {
 }
 
 const (
-	seenWays        = 4
-	seenFP   uint64 = 0xffffff << 40 // the fingerprint's bits
-	seenFree uint64 = 0xff << 32     // the remainder's: 0 unknown, else 1 + 254 x remainder / limit
+	seenWays         = 4
+	seenFP    uint64 = 0xffffff << 40 // the fingerprint's bits
+	seenFree  uint64 = 0xff << 32     // the remainder's: 0 unknown, else 1 + 254 x remainder / limit
+	seenCount uint64 = 0xf << 28      // the decisions recorded in the slot's window
+	seenIdx   uint64 = 1<<28 - 1      // the window's index, its low bits
 )
 
 // newSeen sizes the record to the key table: a slot per key it holds, 1,024
@@ -61,38 +68,71 @@ func newSeen(maxKeys int) *seen {
 	return &seen{seed: maphash.MakeSeed(), slots: make([]atomic.Uint64, n), mask: uint64(n-1) &^ (seenWays - 1)}
 }
 
-// find reports whether k was recorded in window idx or idx-1, and if so
-// returns what: the seed of its counter, for a limit of rate. When it was
-// not, it records k in idx, its remainder unknown.
-func (s *seen) find(k string, idx, rate int64) (seed, bool) {
-	h := maphash.String(s.seed, k)
+// seenWindow reports which window slot v was recorded in: 0 window idx,
+// 1 the one before, -1 another or none.
+func seenWindow(v uint64, idx int64) int {
+	switch v & seenIdx {
+	case uint64(idx) & seenIdx:
+		return 0
+	case uint64(idx-1) & seenIdx:
+		return 1
+	}
+	return -1
+}
+
+// hash returns the hash the record knows the key kept as k by.
+func (s *seen) hash(k string) uint64 { return maphash.String(s.seed, k) }
+
+// find records a decision of the key of hash h in window idx, and reports
+// whether the key is to get its counter now, and if so returns what it
+// starts with (for a limit of rate): when the decision is the key's
+// need-th recorded in window idx, or, with need at most leaseAt, when the
+// key was recorded in the window before.
+func (s *seen) find(h uint64, idx, rate int64, need int) (seed, bool) {
 	fp := h & seenFP
 	b := s.slots[h&s.mask:][:seenWays]
 	for i := range b {
 		v := b[i].Load()
-		if w := uint32(v); v&seenFP == fp && (w == uint32(idx) || w == uint32(idx-1)) {
-			sd := seed{idx: idx, uses: 1, asked: 1}
-			if w != uint32(idx) {
-				sd.idx = idx - 1
-			}
-			if q := int64(v&seenFree) >> 32; q > 0 {
-				sd.free, sd.known = (q-1)*rate/254, true
-			}
-			return sd, true
+		if v&seenFP != fp {
+			continue
 		}
+		w := seenWindow(v, idx)
+		if w < 0 {
+			break // long ago: recorded anew below
+		}
+		count := 1 + int(v&seenCount>>28) // with this decision (0 in the window before)
+		if w == 1 {
+			if need > leaseAt {
+				b[i].Store(fp | 1<<28 | uint64(idx)&seenIdx) // a new window, its remainder unknown
+				return seed{}, false
+			}
+			count = 1
+		} else if count < need {
+			b[i].Store(v&^seenCount | uint64(min(count, 15))<<28)
+			return seed{}, false
+		}
+		sd := seed{idx: idx - int64(w), uses: int64(count - 1 + w), asked: int64(count - 1 + w)}
+		if q := int64(v&seenFree) >> 32; q > 0 {
+			sd.free, sd.known = (q-1)*rate/254, true
+		}
+		return sd, true
 	}
-	b[s.victim(b, h, fp, idx)].Store(fp | uint64(uint32(idx)))
+	b[s.victim(b, h, fp, idx)].Store(fp | 1<<28 | uint64(idx)&seenIdx)
 	return seed{}, false
 }
 
 // note records that Redis had free units of a limit of rate left in
-// window idx for k.
-func (s *seen) note(k string, idx, free, rate int64) {
-	h := maphash.String(s.seed, k)
+// window idx for the key of hash h.
+func (s *seen) note(h uint64, idx, free, rate int64) {
 	fp := h & seenFP
 	b := s.slots[h&s.mask:][:seenWays]
 	q := 1 + min(max(free, 0), rate)*254/rate
-	b[s.victim(b, h, fp, idx)].Store(fp | uint64(q)<<32 | uint64(uint32(idx)))
+	i := s.victim(b, h, fp, idx)
+	count := uint64(1) << 28
+	if v := b[i].Load(); v&seenFP == fp && seenWindow(v, idx) == 0 {
+		count = max(v&seenCount, count)
+	}
+	b[i].Store(fp | uint64(q)<<32 | count | uint64(idx)&seenIdx)
 }
 
 // victim returns the slot of bucket b to record the key of hash h and
@@ -102,12 +142,12 @@ func (s *seen) victim(b []atomic.Uint64, h, fp uint64, idx int64) int {
 	old := -1
 	for i := range b {
 		v := b[i].Load()
-		switch w := uint32(v); {
+		switch w := seenWindow(v, idx); {
 		case v&seenFP == fp:
 			return i
-		case w != uint32(idx) && w != uint32(idx-1):
+		case w < 0:
 			return i
-		case w == uint32(idx-1) && old < 0:
+		case w == 1 && old < 0:
 			old = i
 		}
 	}
@@ -130,7 +170,12 @@ func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <
 	f := h.facts()
 	idx, end := f.clock.Window(now)
 	k := kept(key)
-	if sd, ok := h.seen.find(k, idx, p.rate); ok {
+	need := leaseAt
+	if h.crowd.crowded() {
+		need = crowdedAt
+	}
+	hk := h.seen.hash(k)
+	if sd, ok := h.seen.find(hk, idx, p.rate, need); ok {
 		t.seed = sd // (with the remainder it saw: a fallback's credit is bounded by it)
 		return t
 	}
@@ -160,7 +205,7 @@ func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <
 	if free <= 2*f.instances {
 		return t // nearly spent: the counter keeps what is left (leasable)
 	}
-	h.seen.note(k, r.Idx, free, p.rate)
+	h.seen.note(hk, r.Idx, free, p.rate)
 	h.st.exact.Add(1)
 	h.st.retiredAllowed.Add(1)
 	h.st.retiredWaited.Add(1)
@@ -169,6 +214,37 @@ func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <
 	t.done, t.e = true, nil
 	return t
 }
+
+// crowd estimates how many calls a round trip that decisions wait on
+// carries: an average over about the last 16 such round trips. An instance
+// whose decisions wait on Redis by the dozen at once is crowded: there an
+// exact call costs little more than its command in a shared pipeline,
+// while a counter and its leases cost several times that in the
+// instance's CPU (the key table, the syncer's visits, the lease calls
+// and their replies). The sim's 4 x 64 row, 100,000 keys asked about a
+// third of a window each (docs/tuning.md): 2.1x per-request Redis with
+// counters made at a key's second decision in two windows, 2.9x with
+// them made only at its crowdedAt-th in one. With few decisions waiting
+// at once (the cold row: 4 per instance, about 3.6 calls a round trip)
+// the leases of keys asked once a window are what lets the closed loop
+// climb, and a decision taken in memory saves a round trip's wait.
+type crowd struct{ avg atomic.Int64 } // calls per round trip, in 16ths
+
+const (
+	crowdedCalls = 32 // calls per waited round trip from which an instance is crowded
+	crowdedAt    = 4  // a key's decisions in one window that make its counter on a crowded instance
+)
+
+// add counts a round trip that carried calls calls decisions wait on.
+// (Two queues adding at once may lose one: it is an estimate.)
+func (c *crowd) add(calls int) {
+	old := c.avg.Load()
+	c.avg.Store(old + (int64(calls)*16-old)/16)
+}
+
+// crowded reports whether the round trips decisions wait on lately carried
+// crowdedCalls calls or more on average.
+func (c *crowd) crowded() bool { return c.avg.Load() >= crowdedCalls*16 }
 
 // firstTry is what first did.
 type firstTry struct {

@@ -118,3 +118,77 @@ func TestFirstDecisionAbandonedOrDenied(t *testing.T) {
 	require.False(t, d.Allowed)
 	require.Equal(t, rts, h.Stats().SyncRoundTrips, "denied in memory after the denial")
 }
+
+// On a crowded instance (its decisions' round trips carry dozens of calls)
+// a key asked once in each of two windows running, or fewer than 4 times in
+// one, makes no counter: each of its decisions is one exact call. At its
+// 4th decision of a window it gets its counter and leases, and from then on
+// it is found (decided in memory), crowded or not. An instance that is not
+// crowded makes the counter at a key's decision in the second window, as
+// before.
+func TestCrowdedKeysStayExact(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	prefix := uniq(t)
+	crowded, err := hybrid.New(c, ratelimit.PerSecond(1000), hybrid.WithPrefix(prefix+"c"), hybrid.WithInstances(1))
+	require.NoError(t, err)
+	defer crowded.Close()
+	calm, err := hybrid.New(c, ratelimit.PerSecond(1000), hybrid.WithPrefix(prefix+"q"), hybrid.WithInstances(1))
+	require.NoError(t, err)
+	defer calm.Close()
+	ctx := context.Background()
+	allow := func(h *hybrid.Limiter, key string) {
+		t.Helper()
+		if h == crowded {
+			hybrid.Crowd(h, 64)
+		}
+		d, err := h.Allow(ctx, key)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	for _, h := range []*hybrid.Limiter{crowded, calm} {
+		allow(h, "warm") // Redis time learnt: the next calls know their window
+	}
+	const n = 20
+	cb, qb := crowded.Stats(), calm.Stats()
+	for w := range 2 {
+		idx := freshWindow(t, c, time.Second, 700*time.Millisecond)
+		if w == 0 {
+			cb, qb = crowded.Stats(), calm.Stats()
+		}
+		for i := range n {
+			allow(crowded, fmt.Sprint("k-", i))
+			allow(calm, fmt.Sprint("k-", i))
+		}
+		for i := range n {
+			require.Equal(t, 1, redisCount(t, c, prefix+"c", fmt.Sprint("k-", i), idx))
+		}
+		if w == 0 {
+			_, left := serverWindow(t, c, time.Second)
+			time.Sleep(left + 20*time.Millisecond)
+		}
+	}
+	cs, qs := crowded.Stats(), calm.Stats()
+	require.Equal(t, cb.KeysTracked, cs.KeysTracked, "crowded: asked once in each of two windows, no counter")
+	require.Equal(t, uint64(2*n), cs.ExactDecisions-cb.ExactDecisions)
+	require.Equal(t, cb.Leases, cs.Leases)
+	require.Equal(t, qb.KeysTracked+n, qs.KeysTracked, "not crowded: the second window's decision makes the counter")
+
+	// 4 decisions of one key in a window, crowded: the 4th makes the counter.
+	idx := freshWindow(t, c, time.Second, 700*time.Millisecond)
+	before := crowded.Stats()
+	for range 3 {
+		allow(crowded, "busy")
+	}
+	require.Equal(t, before.KeysTracked, crowded.Stats().KeysTracked, "3 decisions in a window: no counter yet")
+	allow(crowded, "busy")
+	s := crowded.Stats()
+	require.Equal(t, before.KeysTracked+1, s.KeysTracked, "the 4th decision in a window makes the counter")
+	require.Eventually(t, func() bool { return crowded.Stats().Leases == before.Leases+1 }, 5*time.Second, time.Millisecond,
+		"its counter leases")
+	require.Equal(t, 3, redisCount(t, c, prefix+"c", "busy", idx)-int(crowded.Stats().LeasedUnits-before.LeasedUnits),
+		"3 exact units counted before the lease")
+	allow(crowded, "busy")
+	require.Equal(t, s.LocalDecisions+1, crowded.Stats().LocalDecisions, "a crowded instance finds the key's counter")
+}

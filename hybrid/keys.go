@@ -2,6 +2,7 @@ package hybrid
 
 import (
 	"hash/fnv"
+	"sync/atomic"
 
 	"github.com/hybridlimit/ratelimit/internal/script"
 	bgsync "github.com/hybridlimit/ratelimit/sync"
@@ -34,7 +35,10 @@ func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter 
 	if c := h.indexed(k); c != nil {
 		return c
 	}
-	c, created := h.table.GetOrCreateKeyed(k, mk)
+	c, created := h.table.GetOrCreateKeyed(k, func(own string) *counter {
+		h.held.add(h.seen.hash(own), 1)
+		return mk(own)
+	})
 	if !created {
 		h.used(c)
 	}
@@ -42,8 +46,13 @@ func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter 
 }
 
 // find is lookup without making a counter: nil when the table holds none.
+// On a crowded instance (see crowd), where most decisions are of keys
+// without a counter, the held filter answers most of them first.
 func (h *Limiter) find(key string) *counter {
 	k := kept(key)
+	if h.crowd.crowded() && !h.held.may(h.seen.hash(k)) {
+		return nil
+	}
 	if c := h.indexed(k); c != nil {
 		return c
 	}
@@ -54,6 +63,29 @@ func (h *Limiter) find(key string) *counter {
 	h.used(c)
 	return c
 }
+
+// held counts the keys the table holds by their hash (seen.hash), a
+// counting filter: a cell at 0 means no key of a hash that falls in it is
+// held. A counter is added when the table makes it and taken away when
+// it leaves the table (evicted, or idle: plan), so the cells never go
+// below 0. A key said to be not held while another decision of it is
+// making its counter is decided as a key without one is (first.go), as
+// it is when its lookup comes just before the counter is made.
+type held struct {
+	cells []atomic.Int32
+	mask  uint64
+}
+
+// newHeld makes a filter of a cell for every 4 slots of seen.
+func newHeld(s *seen) held {
+	n := max(len(s.slots)/4, 256)
+	return held{cells: make([]atomic.Int32, n), mask: uint64(n - 1)}
+}
+
+func (f held) add(h uint64, d int32) { f.cells[h&f.mask].Add(d) }
+
+// may reports whether a key of hash h may be held.
+func (f held) may(h uint64) bool { return f.cells[h&f.mask].Load() != 0 }
 
 // kept returns key as the Limiter keeps it (see lookup).
 func kept(key string) string {
@@ -94,6 +126,7 @@ func (h *Limiter) used(c *counter) {
 // evicted is the key table's eviction callback: the counter's leases go
 // back to Redis at the next sync.
 func (h *Limiter) evicted(_ string, c *counter) {
+	h.held.add(h.seen.hash(c.key), -1)
 	c.dead.Store(true)
 	h.index.CompareAndDelete(c.key, c) // unless the key has a newer counter
 	lc := c.lock()

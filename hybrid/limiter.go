@@ -63,6 +63,8 @@ type Limiter struct {
 
 	table  *local.Table[*counter]
 	seen   *seen      // keys decided without a counter (first.go)
+	held   held       // the keys the table holds, by hash (keys.go)
+	crowd  crowd      // how many calls the round trips decisions wait on carry (first.go)
 	index  gosync.Map // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup)
 	syncer *bgsync.Syncer[*counter]
 	wheel  wheel   // visits the syncer scheduled
@@ -138,6 +140,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 			ctx, cancel := context.WithTimeout(context.Background(), cfg.callTimeout())
 			defer cancel()
 			h.st.syncRoundTrips.Add(1)
+			h.crowd.add(len(batch))
 			h.send(ctx, batch)
 		}}
 	})
@@ -145,6 +148,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.health.init(h, cfg)
 	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
 	h.seen = newSeen(cfg.maxKeys)
+	h.held = newHeld(h.seen)
 	s, err := bgsync.New[*counter](h.flush,
 		bgsync.WithInterval(cfg.syncInterval),
 		bgsync.WithTimeout(cfg.callTimeout()),
