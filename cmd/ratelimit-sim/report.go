@@ -86,6 +86,7 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("  commands they carried / 1000 (pipelined)", per1000(h.commands, h.decisions), per1000(g.commands, g.decisions))
 	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
 	row("decisions taken in memory / 1000", per1000(h.stats.LocalDecisions, h.stats.Decisions), "0")
+	row("  counted exactly, a call each / 1000", per1000(h.stats.ExactDecisions, h.stats.Decisions), "1000")
 	row("Redis CPU per decision (INFO cpu)", cpuPer(h), cpuPer(g))
 	for _, q := range []struct {
 		label string
@@ -116,6 +117,8 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("key-windows over the limit", fmt.Sprint(h.overLimit), fmt.Sprint(g.overLimit))
 	row("full windows per key", fmt.Sprint(h.fullWindows), fmt.Sprint(g.fullWindows))
 	row("hybrid leases granted / sync flush errors", commas(h.stats.Leases)+" / "+commas(h.stats.FlushErrors), "-")
+	row("  of them leased ahead of their window", commas(h.stats.LeasedAhead), "-")
+	row("  leased units that expired unused", commas(h.stats.Expired), "-")
 	row("fleet size as the hybrid instances see it", fmt.Sprintf("%d..%d", h.instLo, h.instHi), "-")
 	row("decisions Redis did not answer in time", commas(h.stats.NoReply), "-")
 	row("fallback decisions (breaker open)", commas(h.stats.Fallback), "-")

@@ -278,10 +278,13 @@ func addStats(s *hybrid.Stats, x hybrid.Stats) {
 	s.Allowed += x.Allowed
 	s.Denied += x.Denied
 	s.LocalDecisions += x.LocalDecisions
+	s.ExactDecisions += x.ExactDecisions
 	s.RoundTrips += x.RoundTrips
 	s.SyncRoundTrips += x.SyncRoundTrips
 	s.Leases += x.Leases
 	s.LeasedUnits += x.LeasedUnits
+	s.LeasedAhead += x.LeasedAhead
+	s.Expired += x.Expired
 	s.Refunded += x.Refunded
 	s.Reported += x.Reported
 	s.FlushErrors += x.FlushErrors
