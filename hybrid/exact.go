@@ -148,14 +148,25 @@ func (e *exactCall) plainRequest() request {
 	k := script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
+	// One allocation for the commands and their arguments, the key boxed
+	// once for both.
+	b := new(plainCmds)
+	var kv any = k
+	b.hincrby = [...]any{"hincrby", kv, "c", e.n + a.Use - a.Refund}
+	b.pexpireat = [...]any{"pexpireat", kv, expireAt}
+	b.cmds = [...][]any{b.hincrby[:], b.pexpireat[:]}
 	return request{
-		cmds: [][]any{
-			{"hincrby", k, "c", e.n + a.Use - a.Refund},
-			{"pexpireat", k, expireAt},
-		},
+		cmds:     b.cmds[:],
 		parse:    (*plainExact)(e),
 		fallback: (*plainExact)(e),
 	}
+}
+
+// plainCmds holds the commands of a plain exact call.
+type plainCmds struct {
+	cmds      [2][]any
+	hincrby   [4]any
+	pexpireat [3]any
 }
 
 // plainExact is an exactCall sent as a plain increment: it reads the
