@@ -234,7 +234,6 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 	}
 	fmt.Fprintf(out, "ratelimit-sim --multi-region: %d instances (WithInstances) x %d workers, open loop: %s decisions/s offered, uniform keys, 1s windows, %v per phase, %s; round trips added: %v\n",
 		cfg.instances, cfg.workers, commas(uint64(rate)), cfg.duration, desc, lats)
-	var pts []point
 	byRegime := map[string][]point{}
 	for _, lat := range lats {
 		be, err := openBackend(ctx, cfg.redisAddrs, lat)
@@ -253,7 +252,6 @@ func multiRegion(ctx context.Context, cfg config, out io.Writer, command string)
 					return err
 				}
 				fmt.Fprintf(out, "  %-5s %s\n", rg.name, p.line())
-				pts = append(pts, p)
 				byRegime[rg.name] = append(byRegime[rg.name], p)
 			}
 		}

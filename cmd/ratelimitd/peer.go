@@ -250,7 +250,7 @@ func redisURL(fs *flag.FlagSet, v string) error {
 		return nil
 	case "SENTINEL":
 		if len(parts) < 2 {
-			return errors.New("REDIS_TYPE=SENTINEL wants <master name>,<sentinel>,...")
+			return errors.New("REDIS_TYPE=SENTINEL wants REDIS_URL as <master name>,<sentinel>[,<sentinel>]")
 		}
 		if err := setIfUnset(fs, "redis-master", parts[0]); err != nil {
 			return err

@@ -52,7 +52,7 @@ type TLSOptions struct {
 func (o TLSOptions) redisTLS() (*tls.Config, error) {
 	if !o.Redis {
 		if o.RedisCA != "" || o.RedisCert != "" || o.RedisKey != "" {
-			return nil, errors.New("Redis TLS files given without --redis-tls")
+			return nil, errors.New("TLS files for Redis given without --redis-tls")
 		}
 		return nil, nil
 	}
