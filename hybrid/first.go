@@ -158,11 +158,12 @@ func (s *seen) victim(b []atomic.Uint64, h, fp uint64, idx int64) int {
 }
 
 // first decides a decision of n units at now of key, which
-// has no counter, without making one when it can (see above), waiting on
+// has no counter, without making one when it can (see above); hk is the
+// key's hash when find computed it, else 0. It waits on
 // Redis until timeout fires or expired closes. When it did not decide, the
 // decision goes on with the key's counter, made with t.seed
 // (lookupSeeded), and what first made of the call.
-func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (t firstTry) {
+func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (t firstTry) {
 	p := h.p
 	if p.alg != ratelimit.FixedWindow || p.mode != Strict {
 		return t
@@ -174,7 +175,9 @@ func (h *Limiter) first(ctx context.Context, key string, n, now int64, timeout <
 	if h.crowd.crowded() {
 		need = crowdedAt
 	}
-	hk := h.seen.hash(k)
+	if hk == 0 { // (not hashed by find)
+		hk = h.seen.hash(k)
+	}
 	if sd, ok := h.seen.find(hk, idx, p.rate, need); ok {
 		t.seed = sd // (with the remainder it saw: a fallback's credit is bounded by it)
 		return t

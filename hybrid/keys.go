@@ -47,21 +47,24 @@ func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter 
 
 // find is lookup without making a counter: nil when the table holds none.
 // On a crowded instance (see crowd), where most decisions are of keys
-// without a counter, the held filter answers most of them first.
-func (h *Limiter) find(key string) *counter {
+// without a counter, the held filter answers most of them first; hk is
+// then the key's hash (seen.hash), else 0.
+func (h *Limiter) find(key string) (c *counter, hk uint64) {
 	k := kept(key)
-	if h.crowd.crowded() && !h.held.may(h.seen.hash(k)) {
-		return nil
+	if h.crowd.crowded() {
+		if hk = h.seen.hash(k); !h.held.may(hk) {
+			return nil, hk
+		}
 	}
 	if c := h.indexed(k); c != nil {
-		return c
+		return c, hk
 	}
 	c, ok := h.table.Get(k)
 	if !ok {
-		return nil
+		return nil, hk
 	}
 	h.used(c)
-	return c
+	return c, hk
 }
 
 // held counts the keys the table holds by their hash (seen.hash), a

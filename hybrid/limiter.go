@@ -206,9 +206,9 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 	} else {
 		now = int64(h.clock().Sub(h.start))
 	}
-	c := h.find(key)
+	c, hk := h.find(key)
 	if c == nil { // the table holds no counter of the key: see first
-		d, _, err := h.slow(ctx, nil, key, int64(n), now, nil)
+		d, _, err := h.slow(ctx, nil, key, hk, int64(n), now, nil)
 		return d, err
 	}
 	var d ratelimit.Decision
@@ -216,7 +216,7 @@ func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Deci
 		h.tell(c, v)
 		return d, nil
 	}
-	d, _, err := h.slow(ctx, c, key, int64(n), now, nil)
+	d, _, err := h.slow(ctx, c, key, 0, int64(n), now, nil)
 	return d, err
 }
 
@@ -234,7 +234,7 @@ func (h *Limiter) decide(ctx context.Context, key string, n int, expired <-chan 
 		h.tell(c, v)
 		return d, l, nil
 	}
-	return h.slow(ctx, c, key, int64(n), now, expired)
+	return h.slow(ctx, c, key, 0, int64(n), now, expired)
 }
 
 // check returns the error of a decision of n units for key before any
@@ -253,8 +253,9 @@ func (h *Limiter) check(key string, n int) error {
 
 // slow decides what the lease in hand cannot (see the map at the top of
 // this file). It waits on Redis at most the timeout, or until expired
-// closes when the caller gives one.
-func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64, expired <-chan struct{}) (ratelimit.Decision, *lease, error) {
+// closes when the caller gives one. With c nil (the table holds no counter
+// of key) it tries first, with hk, the key's hash from find or 0.
+func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n, now int64, expired <-chan struct{}) (ratelimit.Decision, *lease, error) {
 	// The gate orders this decision before Close or after it: Close waits
 	// for the decisions it let in, and none starts after (its WaitGroup
 	// must not grow while Close waits).
@@ -289,7 +290,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, n, now int64
 				timer.Reset(h.cfg.timeout)
 				fire = timer.C
 			}
-			t := h.first(ctx, key, n, now, fire, expired)
+			t := h.first(ctx, key, hk, n, now, fire, expired)
 			if t.done {
 				return t.d, nil, nil
 			}

@@ -350,7 +350,7 @@ func (m *Multi) lease(ctx context.Context, key string, cs [ratelimit.MaxLimits]*
 	n int64, expired chan struct{}) (res [ratelimit.MaxLimits]leased) {
 	one := func(i int) {
 		h := m.lims[i]
-		d, l, err := h.slow(ctx, cs[i], key, n, h.mono(), expired)
+		d, l, err := h.slow(ctx, cs[i], key, 0, n, h.mono(), expired)
 		res[i] = leased{st: stateOf(d), err: err}
 		if err == nil && d.Allowed {
 			res[i].l = l
