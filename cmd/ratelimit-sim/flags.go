@@ -85,7 +85,7 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	mode := fs.String("mode", c.mode.String(), "hybrid mode: strict or optimistic")
 	fs.StringVar(&c.prefix, "prefix", c.prefix, "Redis key prefix (a run id and the phase are appended)")
 	fs.Uint64Var(&c.seed, "seed", c.seed, "seed of the workload's random key choice")
-	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of both phases to `file`")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of both phases to `file`, each phase's samples labelled phase=hybrid or phase=global (go tool pprof -tagfocus phase=hybrid)")
 	fs.DurationVar(&c.redisLatency, "redis-latency", 0, "add this round-trip time between every instance and Redis (half each way), through internal/faultproxy: a Redis in another region (one Redis address or the embedded one; not a Cluster)")
 	fs.StringVar(&c.plotDir, "plot", "", "write the figures (PNG, SVG and their series as JSON) to `dir`")
 	fs.BoolVar(&c.sweep, "sweep", false, "the regime sweep instead of one run: for each of --sweep-keys, hybrid strict, hybrid optimistic and global, uniform keys, closed loop; prints a table and, with --plot, draws regime.png (the limit defaults to 100,000,000 so that no key is driven past it)")

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,9 @@ func TestSimulateTiny(t *testing.T) {
 		require.GreaterOrEqual(t, r.fullWindows, 2, r.name)
 		require.LessOrEqual(t, r.maxWin, cfg.limit, "%s admitted more than the limit in a key-window", r.name)
 		require.Positive(t, r.roundTrips, r.name)
+		if runtime.GOOS != "windows" && runtime.GOOS != "plan9" {
+			require.Positive(t, r.ownCPU, "%s: the process's CPU over the phase (getrusage)", r.name)
+		}
 	}
 	require.Zero(t, res.hybrid.stats.Fallback)
 	require.Positive(t, res.hybrid.denied, "the hybrid phase must drive keys past the limit")
@@ -55,7 +59,7 @@ func TestSimulateTiny(t *testing.T) {
 
 	s := out.String()
 	for _, want := range []string{"hybrid (strict)", "global (per request)", "decisions/s (fleet)",
-		"Redis round trips / 1000 decisions", "latency p999", "max allowed per key-window (limit 200)",
+		"Redis round trips / 1000 decisions", "the sim's own CPU per decision (getrusage)", "latency p999", "max allowed per key-window (limit 200)",
 		"round trips per decision: global / hybrid", "strict bound, max allowed per key-window <= limit = 200: held"} {
 		require.Contains(t, s, want)
 	}

@@ -87,7 +87,8 @@ func printReport(out io.Writer, cfg config, res *results) {
 	row("  as the hybrid's Stats() count them / 1000", per1000(h.stats.RoundTrips, h.decisions), "-")
 	row("decisions taken in memory / 1000", per1000(h.stats.LocalDecisions, h.stats.Decisions), "0")
 	row("  counted exactly, a call each / 1000", per1000(h.stats.ExactDecisions, h.stats.Decisions), "1000")
-	row("Redis CPU per decision (INFO cpu)", cpuPer(h), cpuPer(g))
+	row("Redis CPU per decision (INFO cpu)", cpuPer(h.redisCPU, h), cpuPer(g.redisCPU, g))
+	row("  the sim's own CPU per decision (getrusage)", cpuPer(h.ownCPU, h), cpuPer(g.ownCPU, g))
 	for _, q := range []struct {
 		label string
 		q     float64
@@ -197,11 +198,12 @@ note: this run used the embedded miniredis, an in-process Redis written in Go
 `, fmtDur(g.lat.quantile(0.5)), commas(uint64(perSec(g.decisions, g))))
 }
 
-// cpuPer is the Redis server's CPU per decision of phase r, or "-" when
-// not known (the embedded Redis, a Cluster).
-func cpuPer(r phaseResult) string {
-	if r.redisCPU < 0 || r.decisions == 0 {
+// cpuPer is cpu seconds (the Redis server's or the sim's) per decision of
+// phase r, or "-" when not known (cpu < 0: for Redis, the embedded one or
+// a Cluster).
+func cpuPer(cpu float64, r phaseResult) string {
+	if cpu < 0 || r.decisions == 0 {
 		return "-"
 	}
-	return fmtDur(time.Duration(r.redisCPU * 1e9 / float64(r.decisions)))
+	return fmtDur(time.Duration(cpu * 1e9 / float64(r.decisions)))
 }

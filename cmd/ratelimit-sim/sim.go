@@ -153,15 +153,22 @@ func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) 
 	runID := fmt.Sprintf("%x", uint32(time.Now().UnixNano()))
 	printHeader(out, cfg, res.backend, wl)
 
-	// Phase 1: the hybrid fleet.
-	if res.hybrid, err = hybridPhase(ctx, out, cfg, be, wl, runID, "hybrid"); err != nil {
+	// Phase 1: the hybrid fleet. Each phase's goroutines carry the label
+	// phase (hybrid, global) in --cpuprofile: go tool pprof -tagfocus.
+	pprof.Do(ctx, pprof.Labels("phase", "hybrid"), func(ctx context.Context) {
+		res.hybrid, err = hybridPhase(ctx, out, cfg, be, wl, runID, "hybrid")
+	})
+	if err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	// Phase 2: the same workload, one global (per-request) decision each.
-	if res.global, err = globalPhase(ctx, out, cfg, be, wl, runID, "global"); err != nil {
+	pprof.Do(ctx, pprof.Labels("phase", "global"), func(ctx context.Context) {
+		res.global, err = globalPhase(ctx, out, cfg, be, wl, runID, "global")
+	})
+	if err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -219,7 +226,7 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		hs, lims = append(hs, h), append(lims, h)
 	}
 	instLo, instHi := math.MaxInt, 0
-	cpu0 := serverCPU(ctx, be, cls[0])
+	cpu0, own0 := serverCPU(ctx, be, cls[0]), processCPU()
 	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, func() hybrid.Stats {
 		var s hybrid.Stats
 		for _, h := range hs {
@@ -229,7 +236,7 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		}
 		return s
 	})
-	r.redisCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0]))
+	r.redisCPU, r.ownCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0])), cpuDelta(own0, processCPU())
 	if err := closeAll(); err != nil && r.firstErr == nil {
 		r.firstErr = fmt.Errorf("close: %w", err)
 	}
@@ -267,9 +274,9 @@ func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 			lims = append(lims, g)
 		}
 	}
-	cpu0 := serverCPU(ctx, be, cls[0])
+	cpu0, own0 := serverCPU(ctx, be, cls[0]), processCPU()
 	r := runPhase(ctx, out, name, cfg, wl, lims, rts, be.baseUS, nil)
-	r.redisCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0]))
+	r.redisCPU, r.ownCPU = cpuDelta(cpu0, serverCPU(ctx, be, cls[0])), cpuDelta(own0, processCPU())
 	return r, nil
 }
 
@@ -379,6 +386,7 @@ type phaseResult struct {
 	samples []sample // progress through the phase, about every sampleEvery
 
 	redisCPU float64 // seconds of CPU the Redis server spent during the phase (INFO cpu); < 0: not known
+	ownCPU   float64 // seconds of CPU this process spent during the phase (workers, limiters, clients, tally); < 0: not known
 }
 
 // cpuDelta is the CPU spent between two readings of serverCPU, or -1 when
