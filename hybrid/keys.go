@@ -126,12 +126,19 @@ func (h *Limiter) used(c *counter) {
 	}
 }
 
+// left marks c, which the key table no longer holds (evicted, or removed
+// idle), dead: out of the held filter, and out of the index unless the
+// key has a newer counter there.
+func (h *Limiter) left(c *counter) {
+	h.held.add(h.seen.hash(c.key), -1)
+	c.dead.Store(true)
+	h.index.CompareAndDelete(c.key, c)
+}
+
 // evicted is the key table's eviction callback: the counter's leases go
 // back to Redis at the next sync.
 func (h *Limiter) evicted(_ string, c *counter) {
-	h.held.add(h.seen.hash(c.key), -1)
-	c.dead.Store(true)
-	h.index.CompareAndDelete(c.key, c) // unless the key has a newer counter
+	h.left(c)
 	lc := c.lock()
 	owes := lc.retireAll(h.p, h.mono(), h.facts())
 	lc.unlock()

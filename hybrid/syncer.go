@@ -80,9 +80,7 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 	if t.quiet && !t.dead && now-t.lastUse >= idlePeriods*h.p.periodNS &&
 		h.table.RemoveIf(c.key, func(v *counter) bool { return v == c }) {
 		// idle for idlePeriods whole periods: the key leaves the table
-		h.held.add(h.seen.hash(c.key), -1)
-		c.dead.Store(true)
-		h.index.CompareAndDelete(c.key, c)
+		h.left(c)
 		t.dead = true
 	}
 	k, at := lc.plan(h.p, h.clockID(), t, f)
