@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hybridlimit/ratelimit"
 	"github.com/hybridlimit/ratelimit/hybrid"
-
 	"github.com/hybridlimit/ratelimit/internal/cli"
 )
 
@@ -22,9 +22,11 @@ type config struct {
 	keys         int
 	zipf         float64 // exponent of the key popularity; 0 = uniform
 	rate         float64 // offered decisions/s for the whole fleet; 0 = closed loop
-	limit        int     // per key per period
+	limit        int     // per key per period (a bucket's refill per period)
 	period       time.Duration
-	duration     time.Duration // per phase
+	algorithm    ratelimit.Algorithm // both phases'
+	burst        int                 // bucket capacity of TokenBucket and GCRA; 0 means limit
+	duration     time.Duration       // per phase
 	sync         time.Duration
 	timeout      time.Duration
 	mode         hybrid.Mode
@@ -55,6 +57,7 @@ func defaults() config {
 		rate:      0,
 		limit:     5000,
 		period:    time.Second,
+		algorithm: ratelimit.FixedWindow,
 		duration:  5 * time.Second,
 		sync:      hybrid.DefaultSyncInterval,
 		timeout:   hybrid.DefaultTimeout,
@@ -77,7 +80,9 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.Float64Var(&c.zipf, "zipf", c.zipf, "Zipf exponent of key popularity (key i drawn with weight 1/(i+1)^s; 0 = uniform)")
 	fs.Float64Var(&c.rate, "rate", c.rate, "offered decisions/s for the whole fleet; 0 = closed loop, every worker as fast as it goes")
 	fs.IntVar(&c.limit, "limit", c.limit, "requests allowed per key per period")
-	fs.DurationVar(&c.period, "period", c.period, "the limit's period (fixed window)")
+	fs.DurationVar(&c.period, "period", c.period, "the limit's period (the window's length, or a bucket's refill period)")
+	alg := fs.String("algorithm", c.algorithm.String(), "both phases' algorithm: fixed, sliding, token_bucket or gcra (the hybrid does not serve sliding_log)")
+	fs.IntVar(&c.burst, "burst", c.burst, "token_bucket and gcra: the bucket's capacity (0: --limit)")
 	fs.DurationVar(&c.duration, "duration", c.duration, "how long each phase runs")
 	fs.DurationVar(&c.sync, "sync", c.sync, "hybrid sync interval")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "the most a hybrid decision waits on Redis (hybrid.WithTimeout; the library's default)")
@@ -113,6 +118,9 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	if c.redisAddrs, err = cli.RedisAddrs(*redisAddr); err != nil {
 		return c, err
 	}
+	if c.algorithm, err = ratelimit.ParseAlgorithm(*alg); err != nil {
+		return c, fmt.Errorf("--algorithm: %w", err)
+	}
 	switch strings.ToLower(*mode) {
 	case "strict":
 		c.mode = hybrid.Strict
@@ -134,6 +142,12 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 		return c, fmt.Errorf("--rate must be >= 0, got %v", c.rate)
 	case c.limit < 1:
 		return c, fmt.Errorf("--limit must be >= 1, got %d", c.limit)
+	case c.algorithm == ratelimit.SlidingLog:
+		return c, fmt.Errorf("--algorithm %v: the hybrid does not serve it (a log cannot be leased in slices); choose fixed, sliding, token_bucket or gcra", c.algorithm)
+	case c.burst < 0:
+		return c, fmt.Errorf("--burst must be >= 0, got %d", c.burst)
+	case c.burst > 0 && c.algorithm.IsWindow():
+		return c, fmt.Errorf("--burst is the capacity of token_bucket and gcra; %v counts in windows of --limit", c.algorithm)
 	case c.period < time.Millisecond:
 		return c, fmt.Errorf("--period must be >= 1ms, got %v", c.period)
 	case c.duration <= 0:
@@ -174,7 +188,31 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	if c.multiRegion && !c.workersSet {
 		c.workers = multiRegionWorkers
 	}
+	if err := c.rateLimit().ValidateFor(c.algorithm); err != nil {
+		return c, fmt.Errorf("--limit %d per --period %v (--burst %d) for %v: %w", c.limit, c.period, c.burst, c.algorithm, err)
+	}
+	if c.algorithm == ratelimit.GCRA && c.period.Microseconds() < int64(c.limit) {
+		// (hybrid.New's own check: GCRA's emission interval is whole microseconds)
+		return c, fmt.Errorf("--algorithm gcra needs --period in microseconds >= --limit, got %d per %v", c.limit, c.period)
+	}
 	return c, nil
+}
+
+// rateLimit is the limit both phases enforce per key.
+func (c config) rateLimit() ratelimit.Limit {
+	return ratelimit.Limit{Rate: c.limit, Period: c.period, Burst: c.burst}
+}
+
+// bound is the most one key may be admitted in one window of the tally
+// (one period) in strict mode: the limit for the window algorithms (a
+// sliding window counts the current window's admissions whole); for the
+// buckets, which have no windows, what the bucket holds plus what it
+// refills over the window, burst + rate x window.
+func (c config) bound() int {
+	if c.algorithm.IsWindow() {
+		return c.limit
+	}
+	return c.rateLimit().Capacity(c.algorithm) + c.limit
 }
 
 // parseInts reads a comma-separated list of integers.

@@ -138,6 +138,42 @@ func TestRunOptimistic(t *testing.T) {
 	require.Contains(t, s, "optimistic bound, max allowed per key-window <= limit + instances x share = 224: held")
 }
 
+// Every algorithm the hybrid serves runs in both phases, each phase
+// bounded as its algorithm is: a window's limit, or a bucket's burst plus
+// its refill over the window.
+func TestRunAlgorithms(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		label string
+		bound int
+	}{
+		{[]string{"--algorithm", "sliding"}, "strict bound, max allowed per key-window <= limit = 200: held", 200},
+		{[]string{"--algorithm", "token_bucket", "--burst", "50"}, "strict bound, max allowed per key-window <= burst + rate x window = 250: held", 250},
+		{[]string{"--algorithm", "gcra"}, "strict bound, max allowed per key-window <= burst + rate x window = 400: held", 400},
+	} {
+		t.Run(c.args[1], func(t *testing.T) {
+			cfg, err := parseArgs(append(append([]string{}, tiny...), c.args...), &bytes.Buffer{})
+			require.NoError(t, err)
+			require.Equal(t, c.bound, cfg.bound())
+			var out bytes.Buffer
+			res, err := simulate(context.Background(), cfg, &out)
+			require.NoError(t, err)
+			printReport(&out, cfg, res)
+			s := out.String()
+			t.Log("\n" + s)
+			for _, r := range []phaseResult{res.hybrid, res.global} {
+				require.Zero(t, r.errs, "%s: %v", r.name, r.firstErr)
+				require.Positive(t, r.allowed, r.name)
+				require.Positive(t, r.denied, "%s: the tiny run drives keys past the limit", r.name)
+				require.LessOrEqual(t, r.maxWin, c.bound, "%s admitted more than the bound in a key-window", r.name)
+				require.Zero(t, r.overLimit, r.name)
+			}
+			require.Contains(t, s, c.label)
+			require.Contains(t, s, "global: "+cfg.algorithm.String()+", a limiter per worker")
+		})
+	}
+}
+
 func TestRunCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -160,6 +196,8 @@ func TestBadFlags(t *testing.T) {
 		{"--redis", "a:1,b:2", "--multi-region"}, {"--sweep", "--multi-region"},
 		{"--sweep-keys", "1,x"}, {"--sweep-keys", "0"}, {"--latencies", "20ms,0"}, {"--latencies", "fast"},
 		{"--sweep", "--sweep-keys", "10000000", "--period", "1ms", "--duration", "1s"},
+		{"--algorithm", "sliding_log"}, {"--algorithm", "leaky"}, {"--burst", "-1", "--algorithm", "gcra"},
+		{"--burst", "5"}, {"--algorithm", "gcra", "--limit", "2000", "--period", "1ms"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), args, &out)

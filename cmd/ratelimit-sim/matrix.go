@@ -95,7 +95,7 @@ func runKind(ctx context.Context, cfg config, be *backend, wl *workload, runID, 
 		kind: k, keys: cfg.keys, latency: cfg.redisLatency, decisions: r.decisions,
 		perSec: perSec(r.decisions, r), p50: r.lat.quantile(0.5), p99: r.lat.quantile(0.99),
 		inFlight: perSec(r.decisions, r) * r.lat.mean().Seconds(),
-		maxWin:   r.maxWin, limit: cfg.limit, errs: r.errs, fallback: r.stats.Fallback, noReply: r.stats.NoReply,
+		maxWin:   r.maxWin, limit: cfg.bound(), errs: r.errs, fallback: r.stats.Fallback, noReply: r.stats.NoReply,
 	}
 	if r.decisions > 0 {
 		p.rtPerDecision = float64(r.roundTrips) / float64(r.decisions)

@@ -47,7 +47,7 @@ func runFigures(cfg config, res *results, command string) []chart.Figure {
 		Series: []chart.Series{cdfSeries(hl, &h.lat), cdfSeries(gl, &g.lat)},
 	}
 	win := chart.Panel{
-		Title: fmt.Sprintf("Allowed per key and window (limit %d per %v)", cfg.limit, cfg.period), X: "full window of the phase", Y: "allowed in the window",
+		Title: fmt.Sprintf("Allowed per key and window (%s)", windowTitle(cfg)), X: "full window of the phase", Y: "allowed in the window",
 		Legend: "bottom-right", ZeroY: true,
 		Series: []chart.Series{
 			windowSeries(hl+": most for one key", h.winMax),
@@ -57,7 +57,11 @@ func runFigures(cfg config, res *results, command string) []chart.Figure {
 		},
 	}
 	lo, hi := 0.5, float64(max(len(h.winMax), len(g.winMax), 1))+0.5
-	win.Series = append(win.Series, chart.Series{Name: "limit", X: []float64{lo, hi}, Y: []float64{float64(cfg.limit), float64(cfg.limit)}, Style: chart.Steps})
+	bname := "limit"
+	if !cfg.algorithm.IsWindow() {
+		bname = "burst + rate x window"
+	}
+	win.Series = append(win.Series, chart.Series{Name: bname, X: []float64{lo, hi}, Y: []float64{float64(cfg.bound()), float64(cfg.bound())}, Style: chart.Steps})
 	if cfg.mode == hybrid.Optimistic {
 		b := float64(optimisticBound(cfg))
 		win.Series = append(win.Series, chart.Series{Name: "optimistic bound", X: []float64{lo, hi}, Y: []float64{b, b}, Style: chart.Steps})
@@ -151,4 +155,14 @@ func writeFigures(dir string, figs []chart.Figure) ([]string, error) {
 		written = append(written, p)
 	}
 	return written, nil
+}
+
+// windowTitle says what bounds a key's admissions in a window of the
+// tally: "limit N per P" for the window algorithms (as the title always
+// said), the bucket's bound for the buckets.
+func windowTitle(cfg config) string {
+	if cfg.algorithm.IsWindow() {
+		return fmt.Sprintf("limit %d per %v", cfg.limit, cfg.period)
+	}
+	return bucketBound(cfg)
 }

@@ -17,7 +17,11 @@ func printHeader(out io.Writer, cfg config, backend string, wl *workload) {
 	} else {
 		fmt.Fprint(out, " (uniform)")
 	}
-	fmt.Fprintf(out, ", limit %d per %v per key\n", cfg.limit, cfg.period)
+	if cfg.algorithm.IsWindow() {
+		fmt.Fprintf(out, ", %v, limit %d per %v per key\n", cfg.algorithm, cfg.limit, cfg.period)
+	} else {
+		fmt.Fprintf(out, ", %v, %d per %v per key, burst %d\n", cfg.algorithm, cfg.limit, cfg.period, cfg.rateLimit().Capacity(cfg.algorithm))
+	}
 	if cfg.rate > 0 {
 		fmt.Fprintf(out, "  open loop: %s decisions/s offered to the fleet", commas(uint64(cfg.rate)))
 	} else {
@@ -28,17 +32,38 @@ func printHeader(out io.Writer, cfg config, backend string, wl *workload) {
 	if cfg.fixInstances {
 		known = fmt.Sprintf("fixed at %d", cfg.instances)
 	}
-	fmt.Fprintf(out, "  hybrid: mode %v, sync %v, timeout %v, instances %s; global: FixedWindow, a limiter per worker, a round trip per decision\n",
-		cfg.mode, cfg.sync, cfg.timeout, known)
+	fmt.Fprintf(out, "  hybrid: mode %v, sync %v, timeout %v, instances %s; global: %v, a limiter per worker, a round trip per decision\n",
+		cfg.mode, cfg.sync, cfg.timeout, known, cfg.algorithm)
 	fmt.Fprintf(out, "  %s\n", backend)
 }
 
 // optimisticBound is the most the fleet may admit per key and window in
 // optimistic mode: Rate + instances x share, share = Rate / (8 x instances)
-// (hybrid.Optimistic's documented credit share).
+// (hybrid.Optimistic's documented credit share). A bucket's credit is
+// budgeted per period of each instance's own clock, and a period of the
+// tally may overlap two of them: burst + rate x period + 2 x instances x
+// share.
 func optimisticBound(cfg config) int {
 	share := max(1, cfg.limit/(8*cfg.instances))
+	if !cfg.algorithm.IsWindow() {
+		return cfg.bound() + 2*cfg.instances*share
+	}
 	return cfg.limit + cfg.instances*share
+}
+
+// boundLabel names the strict bound of one key in one window of the tally:
+// "limit N" for the window algorithms, "bound N" for the buckets (burst +
+// rate x window: see bucketBound).
+func boundLabel(cfg config) string {
+	if cfg.algorithm.IsWindow() {
+		return fmt.Sprintf("limit %d", cfg.limit)
+	}
+	return fmt.Sprintf("bound %d", cfg.bound())
+}
+
+// bucketBound spells out a bucket's bound: "bound N = burst B + R per P".
+func bucketBound(cfg config) string {
+	return fmt.Sprintf("bound %d = burst %d + %d per %v", cfg.bound(), cfg.rateLimit().Capacity(cfg.algorithm), cfg.limit, cfg.period)
 }
 
 func per1000(n, d uint64) string {
@@ -95,7 +120,7 @@ func printReport(out io.Writer, cfg config, res *results) {
 	}{{"latency p50", 0.5}, {"latency p99", 0.99}, {"latency p999", 0.999}} {
 		row(q.label, fmtDur(h.lat.quantile(q.q)), fmtDur(g.lat.quantile(q.q)))
 	}
-	row(fmt.Sprintf("max allowed per key-window (limit %d)", cfg.limit), fmt.Sprint(h.maxWin), fmt.Sprint(g.maxWin))
+	row(fmt.Sprintf("max allowed per key-window (%s)", boundLabel(cfg)), fmt.Sprint(h.maxWin), fmt.Sprint(g.maxWin))
 	row("  over full windows only", fmt.Sprint(h.maxFull), fmt.Sprint(g.maxFull))
 	minW := func(r phaseResult) string {
 		if r.minWinSat < 0 {
@@ -115,7 +140,11 @@ func printReport(out io.Writer, cfg config, res *results) {
 		return fmt.Sprintf("%d..%d", lo, hi)
 	}
 	row("hottest key: allowed per full window", hot(h), hot(g))
-	row("key-windows over the limit", fmt.Sprint(h.overLimit), fmt.Sprint(g.overLimit))
+	over := "key-windows over the limit"
+	if !cfg.algorithm.IsWindow() {
+		over = "key-windows over the bound"
+	}
+	row(over, fmt.Sprint(h.overLimit), fmt.Sprint(g.overLimit))
 	row("full windows per key", fmt.Sprint(h.fullWindows), fmt.Sprint(g.fullWindows))
 	row("hybrid leases granted / sync flush errors", commas(h.stats.Leases)+" / "+commas(h.stats.FlushErrors), "-")
 	row("  of them leased ahead of their window", commas(h.stats.LeasedAhead), "-")
@@ -144,8 +173,14 @@ func printReport(out io.Writer, cfg config, res *results) {
 		printEmbeddedNote(out, g)
 	}
 	bound, what := cfg.limit, "strict bound, max allowed per key-window <= limit"
+	if !cfg.algorithm.IsWindow() {
+		bound, what = cfg.bound(), "strict bound, max allowed per key-window <= burst + rate x window"
+	}
 	if cfg.mode == hybrid.Optimistic {
 		bound, what = optimisticBound(cfg), "optimistic bound, max allowed per key-window <= limit + instances x share"
+		if !cfg.algorithm.IsWindow() {
+			what = "optimistic bound, max allowed per key-window <= burst + rate x window + 2 x instances x share"
+		}
 	}
 	verdict := "held"
 	if h.maxWin > bound {

@@ -180,7 +180,7 @@ func simulate(ctx context.Context, cfg config, out io.Writer) (*results, error) 
 // hybridPhase runs cfg.instances hybrid limiters (mode cfg.mode) through
 // the workload; name labels the progress lines and the Redis prefix.
 func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl *workload, runID, name string) (phaseResult, error) {
-	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+	limit := cfg.rateLimit()
 	prefix := cfg.prefix + ":" + runID + ":" + name
 	var (
 		lims []ratelimit.Limiter
@@ -207,6 +207,7 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 	}
 	opts := []hybrid.Option{
 		hybrid.WithPrefix(prefix),
+		hybrid.WithAlgorithm(cfg.algorithm),
 		hybrid.WithSyncInterval(cfg.sync),
 		hybrid.WithMode(cfg.mode),
 		hybrid.WithTimeout(cfg.timeout),
@@ -245,9 +246,9 @@ func hybridPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 }
 
 // globalPhase runs the workload through cfg.instances per-request global
-// FixedWindow limiters.
+// limiters of cfg.algorithm.
 func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl *workload, runID, name string) (phaseResult, error) {
-	limit := ratelimit.Limit{Rate: cfg.limit, Period: cfg.period}
+	limit := cfg.rateLimit()
 	prefix := cfg.prefix + ":" + runID + ":" + name
 	var (
 		lims []ratelimit.Limiter
@@ -267,7 +268,7 @@ func globalPhase(ctx context.Context, out io.Writer, cfg config, be *backend, wl
 		// decision (one global limiter's concurrent decisions would share
 		// round trips).
 		for w := 0; w < cfg.workers; w++ {
-			g, err := global.New(c, limit, global.WithAlgorithm(ratelimit.FixedWindow), global.WithPrefix(prefix))
+			g, err := global.New(c, limit, global.WithAlgorithm(cfg.algorithm), global.WithPrefix(prefix))
 			if err != nil {
 				return phaseResult{}, fmt.Errorf("global.New: %w", err)
 			}
@@ -486,9 +487,22 @@ func (t *tally) deny(key int, at int64, last []int64) {
 	t.denied[key*t.n+int(s)].Store(1)
 }
 
+// add counts an admission of key in the window that ends at mono time
+// endMono (a window algorithm's: the decision's time plus its ResetAfter).
 func (t *tally) add(key int, endMono int64) {
 	us := t.baseUS + endMono/1000
-	s := (us+t.p/2)/t.p - 1 - t.first
+	t.addSlot(key, (us+t.p/2)/t.p-1-t.first)
+}
+
+// addAt counts an admission of key in the period that holds mono time at,
+// in Redis time: a bucket has no windows, so its admissions are tallied in
+// the period they were decided in, and bounded there by burst + rate x
+// period (config.bound).
+func (t *tally) addAt(key int, at int64) {
+	t.addSlot(key, (t.baseUS+at/1000)/t.p-t.first)
+}
+
+func (t *tally) addSlot(key int, s int64) {
 	if s < 0 || s >= int64(t.n) {
 		t.lost.Add(1)
 		return
@@ -506,6 +520,7 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 	t.c = make([]atomic.Uint32, t.n*cfg.keys)
 	t.denied = make([]atomic.Uint32, t.n*cfg.keys)
 
+	windows, bound := cfg.algorithm.IsWindow(), cfg.bound()
 	nw := cfg.instances * cfg.workers
 	workers := make([]*worker, nw)
 	var interval int64 // open loop: ns between two decisions of one worker
@@ -570,7 +585,11 @@ func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *w
 					// is at most half the wait off, so a far or slow
 					// Redis (waits up to a period) does not push the
 					// decision into the next window.
-					t.add(k, (t0+t1)/2+int64(d.ResetAfter))
+					if windows {
+						t.add(k, (t0+t1)/2+int64(d.ResetAfter))
+					} else {
+						t.addAt(k, (t0+t1)/2)
+					}
 				} else {
 					w.denied++
 					t.deny(k, t1, w.lastDenied)
@@ -650,7 +669,7 @@ loop:
 		for s := 0; s < t.n; s++ {
 			n := int(t.c[k*t.n+s].Load())
 			r.maxWin = max(r.maxWin, n)
-			if n > cfg.limit {
+			if n > bound {
 				r.overLimit++
 				r.worst = append(r.worst, keyWindow{key: wl.keys[k], idx: t.first + int64(s), allowed: n})
 			}
