@@ -19,9 +19,11 @@ import (
 // of that moment: for FixedWindow an increment of the window's counter
 // (a plain HINCRBY, see plainRequest; take.lua near the window's edges),
 // what lands over the limit owed back (settleExact: the next tick sends
-// it, unless a call of the key carries it first); for SlidingWindow and
-// the buckets, a call of the lease script for exactly n units, consumed
-// at once. A FixedWindow key's first decision in two windows (Strict
+// it, unless a call of the key carries it first); for SlidingWindow, an
+// increment and reads of the windows around it (a plain sliding call, see
+// plainsliding.go; the lease script near the limit or the window's edges);
+// for the buckets, a call of the lease script for exactly n units,
+// consumed at once. A FixedWindow key's first decision in two windows (Strict
 // mode) is such a call made before the key has a counter (first.go). A
 // key leases again once it is asked leaseAt times in a window,
 // or (FixedWindow) once in each of two windows running (on a crowded
@@ -57,12 +59,16 @@ type exactCall struct {
 	// plain: the server time the call is made at (the estimate, or
 	// WithClock's), microseconds
 	serverUS int64
-	call     *leaseCall    // !fw: the arguments, not an outstanding call
-	owed     []debt        // what the call carries of the key's debts
-	done     chan struct{} // closed when res is set
-	state    atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
-	res      result        // the reply, or the error
-	x        exchange      // the round trip that answered
+	call     *leaseCall // !fw: the arguments, not an outstanding call
+	// sw: a SlidingWindow call as plain commands (plainsliding.go), of
+	// window swIdx, run by Redis at least swElapsed µs into it
+	sw               bool
+	swIdx, swElapsed int64
+	owed             []debt        // what the call carries of the key's debts
+	done             chan struct{} // closed when res is set
+	state            atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
+	res              result        // the reply, or the error
+	x                exchange      // the round trip that answered
 }
 
 const (
@@ -86,6 +92,9 @@ func (e *exactCall) answered(r result, x exchange) bool {
 
 // admitted reports whether Redis admitted e's n units.
 func (e *exactCall) admitted() bool {
+	if e.sw && e.res.plain {
+		return e.res.win.Grant >= e.n
+	}
 	_, units := e.counted()
 	return units > 0 && (!e.fw || e.res.take.Admitted)
 }
@@ -100,6 +109,10 @@ func (e *exactCall) counted() (idx, units int64) {
 			units = e.n
 		}
 		return e.res.take.Idx, units
+	case e.sw && e.res.plain:
+		// the increment ran, whatever it decided (a call that decided
+		// nothing gives it back)
+		return e.swIdx, e.n
 	case e.call.bucket:
 		if e.res.bkt.Grant >= e.n {
 			units = e.n
@@ -124,6 +137,8 @@ func (e *exactCall) request() request {
 	switch {
 	case e.plain:
 		return e.plainRequest()
+	case e.sw:
+		return e.slidingRequest()
 	case e.fw:
 		return e.takeRequest()
 	}
@@ -214,7 +229,13 @@ func plainWindow(p *params, serverUS, at int64, clk clockView) (bool, int64) {
 // after its window ended by Redis' clock (srvclock.View.Late): then it
 // counted in a window that was over, and decides nothing; its units are
 // owed back and the decision is taken again.
+//
+// A plain sliding call is late in the same way, and also when its reply
+// does not admit it: it decides nothing then either (see plainsliding.go).
 func (e *exactCall) late(clk clockView) bool {
+	if e.sw && e.res.err == nil && e.res.plain {
+		return !e.admitted() || e.call.win.Now <= 0 && clk.Late(e.swIdx, e.x.after)
+	}
 	if !e.plain || e.take.Now > 0 || e.res.err != nil || !e.res.plain {
 		return false
 	}
@@ -337,6 +358,12 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 	}
 	id.nonce = "" // never sent twice: no replay record
 	e.call = lc.newCall(p, id, f)
+	if ok, idx, srv, elapsed := lc.plainSliding(p, id.now, n, at, f); ok {
+		// (its debts stay with the key: see plainsliding.go)
+		e.call.win.Want, e.call.win.Min, e.call.win.Instances = n, n, 1
+		e.sw, e.swIdx, e.serverUS, e.swElapsed = true, idx, srv, elapsed
+		return e
+	}
 	if e.call.bucket {
 		e.call.bkt.Want, e.call.bkt.Min, e.call.bkt.Instances = n, n, 1
 		e.owed = append(e.owed, lc.debts...)
@@ -374,6 +401,11 @@ func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 			v = visitNow
 		}
 	}
+	if e.sw && e.res.plain && !e.admitted() {
+		// what the plain call read bounds the window until the key hears
+		// again: near the limit, lease.lua decides
+		lc.setFree(lc.cur.Load(), e.swIdx, int64(e.call.win.Limit.Rate)-e.res.win.Count)
+	}
 	if idx, units := e.counted(); units > 0 && (abandoned || !e.admitted()) {
 		// (a plain increment that landed over the limit gives its units back)
 		lc.owe(idx, units, 0)
@@ -404,6 +436,12 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 	case e.fw:
 		r := e.res.take
 		end = f.clock.End(r.Idx, (r.Idx+1)*p.periodUS-r.Now, x.before, x.after)
+		remaining, retry = p.rate-r.Count, end-now
+		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
+	case e.sw && e.res.plain && e.call.win.Now <= 0:
+		// (admitted: see late) the window's end by the estimate of Redis time
+		r := e.res.win
+		end = f.clock.MonoAt((r.Idx + 1) * p.periodUS)
 		remaining, retry = p.rate-r.Count, end-now
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case p.bucket:

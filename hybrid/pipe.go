@@ -47,6 +47,15 @@ type replyParser interface {
 	parseReply(v any) (reply, error)
 }
 
+// repliesParser is a replyParser of plain commands that reads the replies
+// of all of them, not only the first's: once parseReply read the first
+// (and it was no error), parseReplies reads the others, as commands
+// whose errors it judges (a missing hash field is redis.Nil).
+type repliesParser interface {
+	replyParser
+	parseReplies(first reply, rest []*redis.Cmd) (reply, error)
+}
+
 // parseFunc is a replyParser that is a plain function.
 type parseFunc func(v any) (reply, error)
 
@@ -138,10 +147,11 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 	// Written by the call's goroutine: read only once it finished in time.
 	var x exchange
 	var cmds []*redis.Cmd
-	sent := reqs // what was sent last for each request (a fallback replaces it)
+	var rest [][]*redis.Cmd // the other commands of requests with a repliesParser
+	sent := reqs            // what was sent last for each request (a fallback replaces it)
 	if !p.bounded(ctx, func(ctx context.Context) {
 		x.before = p.mono()
-		cmds, x.err = p.run(ctx, reqs)
+		cmds, rest, x.err = p.run(ctx, reqs)
 		// Requests that did not run are sent again at once: those that met
 		// NOSCRIPT once the scripts are loaded, and plain commands that met
 		// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
@@ -169,7 +179,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 			}
 			x.before = p.mono()
 			var redo []*redis.Cmd
-			redo, x.err = p.run(ctx, again)
+			redo, _, x.err = p.run(ctx, again) // (fallbacks and scripts: no repliesParser)
 			for j, i := range at {
 				cmds[i] = redo[j]
 			}
@@ -187,27 +197,66 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 		if err == nil {
 			res[i].reply, err = sent[i].parse.parseReply(v)
 		}
+		if rp, ok := sent[i].parse.(repliesParser); ok && err == nil && i < len(rest) && rest[i] != nil {
+			res[i].reply, err = rp.parseReplies(res[i].reply, rest[i])
+		}
 		res[i].err, res[i].notRun = err, err != nil && notRun(err)
 	}
 	return x
 }
 
-func (p *pipe) run(ctx context.Context, reqs []request) ([]*redis.Cmd, error) {
+// run sends reqs in one pipeline. It returns each request's first command
+// and, for requests whose parse is a repliesParser, their other commands
+// (rest is nil when no request has one, else indexed as reqs).
+func (p *pipe) run(ctx context.Context, reqs []request) (cmds []*redis.Cmd, rest [][]*redis.Cmd, err error) {
 	pl := p.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(reqs))
+	cmds = make([]*redis.Cmd, len(reqs))
 	for i, r := range reqs {
 		if r.script == nil {
 			cmds[i] = pl.Do(ctx, r.cmds[0]...)
-			for _, c := range r.cmds[1:] {
-				pl.Do(ctx, c...)
+			_, all := r.parse.(repliesParser)
+			for j, c := range r.cmds[1:] {
+				cmd := pl.Do(ctx, c...)
+				if !all {
+					continue
+				}
+				if rest == nil {
+					rest = make([][]*redis.Cmd, len(reqs))
+				}
+				if j == 0 {
+					rest[i] = make([]*redis.Cmd, 0, len(r.cmds)-1)
+				}
+				rest[i] = append(rest[i], cmd)
 			}
 			continue
 		}
 		cmds[i] = r.script.EvalSha(ctx, pl, r.keys, r.args...)
 	}
-	_, err := pl.Exec(ctx)
+	all, err := pl.Exec(ctx)
 	p.roundTrips.Add(1)
-	return cmds, err
+	if err != nil && rest != nil {
+		err = firstErr(all, rest)
+	}
+	return cmds, rest, err
+}
+
+// firstErr is the error of a pipeline of commands all: the first command's
+// that failed, but for a WRONGTYPE of a command in rest, which its
+// request's parser judges (it read a key of another type: a counter a
+// global limiter wrote), not a failure of the pipeline.
+func firstErr(all []redis.Cmder, rest [][]*redis.Cmd) error {
+	judged := make(map[redis.Cmder]bool)
+	for _, r := range rest {
+		for _, c := range r {
+			judged[c] = true
+		}
+	}
+	for _, c := range all {
+		if err := c.Err(); err != nil && !(judged[c] && redis.HasErrorPrefix(err, "WRONGTYPE")) {
+			return err
+		}
+	}
+	return nil
 }
 
 // load loads the scripts of reqs (on every Cluster shard).

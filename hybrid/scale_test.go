@@ -419,6 +419,10 @@ func TestRedisMemoryPerKey(t *testing.T) {
 // to lease is counted exactly, decision by decision).
 func TestSmallLimitsReachQuota(t *testing.T) {
 	srv := redistest.Standalone(t)
+	smallLimits(t, srv, ratelimit.FixedWindow)
+}
+
+func smallLimits(t *testing.T, srv *redistest.Server, alg ratelimit.Algorithm) {
 	for _, rate := range []int{1, 2} {
 		t.Run(strconv.Itoa(rate), func(t *testing.T) {
 			limit := ratelimit.PerSecond(rate)
@@ -426,7 +430,7 @@ func TestSmallLimitsReachQuota(t *testing.T) {
 			var ls []ratelimit.Limiter
 			var hs []*hybrid.Limiter
 			for i := 0; i < 4; i++ {
-				h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix))
+				h, err := hybrid.New(srv.Client(), limit, hybrid.WithPrefix(prefix), hybrid.WithAlgorithm(alg))
 				require.NoError(t, err)
 				t.Cleanup(func() { h.Close() })
 				hs, ls = append(hs, h), append(ls, h)

@@ -195,6 +195,7 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 		if r.err == nil {
 			switch {
 			case q.fw && r.plain && q.take.Now <= 0: // (Now is the estimate: no sample)
+			case q.sw && r.plain: // (the same)
 			case q.fw:
 				h.clk.Observe(r.take.Now, x.before, x.after)
 			case !q.call.bucket:

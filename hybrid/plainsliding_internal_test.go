@@ -1,0 +1,176 @@
+package hybrid
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/internal/script"
+)
+
+// A SlidingWindow exact call, made with Redis time known and far from the
+// limit, is a plain sliding call: HINCRBY of its window's counter, HMGET
+// of the one before and the one after, the counter's expiry two periods
+// and a second after its window's start, lease.lua as its fallback. Its
+// weight is taken at the earliest instant Redis can run it by the
+// estimate (less the error bound and srvclock's margin); its replies admit
+// when both bounds global's script checks are within the limit.
+func TestPlainSlidingCall(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	now := 10*sec + 100*ms
+	lc := k.c.lock()
+	e := lc.newExact(k.p, k.id(), 2, now, now, k.f)
+	lc.unlock()
+	wantElapsed := int64(100_000 - 50 - 1000) // µs: 100ms less the error bound and the margin
+	if !e.sw || e.swIdx != 10 || e.swElapsed != wantElapsed {
+		t.Fatalf("exact call: sw %v window %d elapsed %dµs; want a plain sliding call of window 10 at %dµs", e.sw, e.swIdx, e.swElapsed, wantElapsed)
+	}
+	r := e.request()
+	if r.script != nil || len(r.cmds) != 4 || r.fallback == nil || r.fallback.fallbackRequest().script != script.Lease {
+		t.Fatalf("request %+v; want four plain commands and lease.lua as the fallback", r)
+	}
+	key := func(idx int64) string { return script.WindowKey(e.call.win.Base, e.call.win.Kind, idx) }
+	want := [][]any{
+		{"hincrby", key(10), "c", int64(2)},
+		{"hmget", key(9), "c"},
+		{"hmget", key(11), "c"},
+		{"pexpireat", key(10), int64(13_000)},
+	}
+	for i, c := range want {
+		for j, v := range c {
+			if r.cmds[i][j] != v {
+				t.Fatalf("command %d: %v; want %v", i, r.cmds[i], c)
+			}
+		}
+	}
+	if f := r.fallback.fallbackRequest(); len(f.args) == 0 {
+		t.Fatal("the fallback carries no arguments")
+	}
+	if e.call.win.Want != 2 || e.call.win.Min != 2 || e.call.win.Instances != 1 {
+		t.Errorf("fallback asks %+v; want exactly 2 units", e.call.win)
+	}
+
+	cmd := func(v any, err error) *redis.Cmd {
+		c := redis.NewCmd(context.Background())
+		if err != nil {
+			c.SetErr(err)
+		} else {
+			c.SetVal(v)
+		}
+		return c
+	}
+	// prev 800 weighs floor(800 x 901,050 / 1,000,000) = 720.
+	for _, c := range []struct {
+		name        string
+		curr        int64
+		prev, next  *redis.Cmd
+		grant, size int64
+	}{
+		{"under both bounds", 5, cmd([]any{"800"}, nil), cmd([]any{nil}, nil), 2, 725},
+		{"the estimate at the limit", 280, cmd([]any{"800"}, nil), cmd([]any{nil}, nil), 2, 1000},
+		{"the estimate over it", 281, cmd([]any{"800"}, nil), cmd([]any{nil}, nil), 0, 1001},
+		{"the next window's leases over it", 5, cmd([]any{nil}, nil), cmd([]any{"996"}, nil), 0, 1001},
+		{"a counter a global Multi wrote", 5, cmd(nil, replyErr("WRONGTYPE Operation against a key holding the wrong kind of value")), cmd([]any{nil}, nil), 0, 1000},
+	} {
+		rep, err := (*slidingExact)(e).parseReply(c.curr)
+		if err == nil {
+			rep, err = (*slidingExact)(e).parseReplies(rep, []*redis.Cmd{c.prev, c.next, cmd(int64(1), nil)})
+		}
+		if err != nil || !rep.plain || rep.win.Grant != c.grant || rep.win.Count != c.size || rep.win.Idx != 10 {
+			t.Errorf("%s: reply %+v, %v; want grant %d, count %d", c.name, rep.win, err, c.grant, c.size)
+		}
+	}
+	if _, err := (*slidingExact)(e).parseReplies(reply{}, []*redis.Cmd{cmd(nil, replyErr("LOADING Redis is loading the dataset in memory")), cmd([]any{nil}, nil)}); err == nil {
+		t.Error("a failed read decided")
+	}
+
+	// A reply that does not admit decides nothing: its units are owed
+	// back, and the bound it read is the window's known remainder.
+	e.res.reply, _ = (*slidingExact)(e).parseReply(int64(281))
+	e.res.reply, _ = (*slidingExact)(e).parseReplies(e.res.reply, []*redis.Cmd{cmd([]any{"800"}, nil), cmd([]any{nil}, nil)})
+	if !e.late(k.f.clock) {
+		t.Fatal("a plain sliding reply over the limit decided")
+	}
+	lc = k.c.lock()
+	lc.settleExact(e, true)
+	free, known := lc.knownFree(10)
+	debts := append([]debt(nil), lc.debts...)
+	lc.unlock()
+	if !known || free != -1 || len(debts) != 1 || debts[0].idx != 10 || debts[0].refund != 2 {
+		t.Errorf("after a reply over the limit: free %d (known %v), debts %+v; want -1, and 2 owed back to window 10", free, known, debts)
+	}
+	// and so the next exact call of the window goes through lease.lua
+	lc = k.c.lock()
+	e2 := lc.newExact(k.p, k.id(), 1, now, now, k.f)
+	lc.unlock()
+	if e2.sw {
+		t.Error("a plain sliding call near the limit")
+	}
+}
+
+// Calls that cannot be plain sliding calls: without a sample of Redis
+// time, within the error bound of a window's edge, and with the window's
+// remainder last seen under half the limit.
+func TestPlainSlidingNot(t *testing.T) {
+	withClock := func(k *keyTest) *keyTest {
+		k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+		return k
+	}
+	exact := func(k *keyTest, n, at int64) *exactCall {
+		lc := k.c.lock()
+		defer lc.unlock()
+		return lc.newExact(k.p, k.id(), n, at, at, k.f)
+	}
+	sliding := func() *keyTest { return newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow)) }
+	if exact(sliding(), 1, 10*sec+100*ms).sw {
+		t.Error("plain before any sample of Redis time")
+	}
+	if exact(withClock(sliding()), 1, 11*sec-100*int64(time.Microsecond)).sw {
+		t.Error("plain within the error bound of the window's end")
+	}
+	k := withClock(sliding())
+	lc := k.c.lock()
+	lc.setFree(nil, 9, 499) // the window before: 499 of 1,000 left
+	lc.unlock()
+	if exact(k, 1, 10*sec+100*ms).sw {
+		t.Error("plain with the last remainder seen under half the limit")
+	}
+	k = withClock(sliding())
+	lc = k.c.lock()
+	lc.setFree(nil, 10, 502)
+	lc.unlock()
+	if !exact(k, 2, 10*sec+100*ms).sw {
+		t.Error("not plain with half the limit free after the call")
+	}
+	if exact(withClock(newKeyTest(t, perSecond1000, algorithm(ratelimit.TokenBucket))), 1, 10*sec+100*ms).sw {
+		t.Error("plain sliding call for a bucket")
+	}
+}
+
+// weighted and satAdd saturate at 2^53, as the scripts do.
+func TestSlidingWeight(t *testing.T) {
+	for _, c := range []struct{ c, left, period, want int64 }{
+		{800, 901_050, 1_000_000, 720},
+		{0, 5, 10, 0},
+		{7, 0, 10, 0},
+		{1 << 60, 1_000_000, 1_000_000, maxCount},
+		{1 << 40, 1 << 20, 1 << 20, maxCount}, // the product reaches 2^60
+	} {
+		if got := weighted(c.c, c.left, c.period); got != c.want {
+			t.Errorf("weighted(%d, %d, %d) = %d; want %d", c.c, c.left, c.period, got, c.want)
+		}
+	}
+	if satAdd(maxCount, 5) != maxCount || satAdd(3, 4) != 7 || satAdd(maxCount-1, 1) != maxCount {
+		t.Error("satAdd does not saturate at 2^53")
+	}
+}
+
+// replyErr is an error reply of Redis, as go-redis reads one.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
