@@ -80,3 +80,10 @@ func Crowd(h *Limiter, calls int) {
 		h.crowd.add(calls)
 	}
 }
+
+// ServerNow returns h's estimate of Redis time now (µs since the epoch)
+// and its error bound (ns; 0 before any sample).
+func ServerNow(h *Limiter) (us, errNS int64) {
+	v := h.clk.View()
+	return v.ServerAt(h.mono()), v.ErrNS
+}

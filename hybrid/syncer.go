@@ -219,7 +219,11 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 // has the syncer visit the key (to schedule its next visits: to lease
 // ahead of the next window, say).
 func (h *Limiter) applyReply(k *leaseCall, r reply, x exchange) {
-	if !k.bucket {
+	if !k.bucket && !(r.plain && k.win.Now <= 0) {
+		// (a plain lease's Now is this instance's own estimate, made
+		// before the call went out: observed, it would pull the estimate
+		// back by the call's wait each time, and claim the round trip's
+		// error bound)
 		h.clk.Observe(r.win.Now, x.before, x.after)
 	}
 	f := h.facts()
