@@ -31,6 +31,10 @@ type leaseCall struct {
 	plain    bool
 	plainIdx int64
 	serverUS int64
+	// plainElapsed: a SlidingWindow plain lease of window plainIdx is run
+	// by Redis at least this far into it, microseconds (see
+	// plainsliding.go)
+	plainElapsed int64
 }
 
 // flight is one attempt of a lease call on its way: the decisions of the

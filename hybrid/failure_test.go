@@ -334,6 +334,12 @@ func TestLostReplyCountedOnce(t *testing.T) {
 // wrote, gives the units back and leases anew, and in the end Redis counts
 // exactly what the instance admitted.
 func TestLostPlainLeaseCountedOnce(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) { lostPlainLeaseCountedOnce(t, alg) })
+	}
+}
+
+func lostPlainLeaseCountedOnce(t *testing.T, alg ratelimit.Algorithm) {
 	srv := redistest.Standalone(t)
 	p, err := faultproxy.New(srv.Addr())
 	require.NoError(t, err)
@@ -346,16 +352,17 @@ func TestLostPlainLeaseCountedOnce(t *testing.T) {
 	prefix := uniq(t)
 	idx := freshWindow(t, direct, limit.Period, 10*time.Second)
 	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithSyncInterval(time.Hour), hybrid.WithInstances(1),
-		hybrid.WithTimeout(200*time.Millisecond))
+		hybrid.WithTimeout(200*time.Millisecond), hybrid.WithAlgorithm(alg))
 	require.NoError(t, err)
 	defer h.Close()
 	ctx := context.Background()
+	count := func() int { return windowCount(t, direct, prefix, "k", alg, limit, idx) }
 	// the key's first decision is counted exactly (a cold key); the
 	// second leases, by a plain increment whose reply is lost
 	d, err := h.Allow(ctx, "k")
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
-	require.Equal(t, 1, redisCount(t, direct, prefix, "k", idx))
+	require.Equal(t, 1, count())
 	p.DropReplyTo([]byte("!\r\n")) // the record's value, nonce + "!"
 	admitted := 1
 	for i := 0; i < 30; i++ {
@@ -368,7 +375,7 @@ func TestLostPlainLeaseCountedOnce(t *testing.T) {
 	require.EqualValues(t, 1, p.Stats().RepliesDropped, "the plain lease's reply was lost")
 	require.Greater(t, admitted, 20, "the key leased again after the lost reply")
 	require.NoError(t, h.Flush(ctx))
-	require.Equal(t, admitted, redisCount(t, direct, prefix, "k", idx), "Redis counts exactly what the instance admitted")
+	require.Equal(t, admitted, count(), "Redis counts exactly what the instance admitted")
 }
 
 // A Redis out of memory (maxmemory with noeviction) is a failure like any

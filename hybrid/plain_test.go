@@ -301,7 +301,7 @@ func TestPlainLeaseAhead(t *testing.T) {
 }
 
 // Calls a plain increment cannot make go through lease.lua: without a
-// sample of Redis time, near the window's edges, for SlidingWindow,
+// sample of Redis time, near the window's edges, for a bucket,
 // carrying debts, for a window whose remainder was not seen or would not
 // leave half the limit free with every instance asking as much, and a call
 // sent again after its reply was lost.
@@ -317,8 +317,10 @@ func TestPlainLeaseNot(t *testing.T) {
 	if call := withClock(newKeyTest(t, perSecond1000)).plainAsk(1, 11*sec-100*int64(time.Microsecond)); call.plain {
 		t.Error("plain within the error bound of the window's end")
 	}
-	if call := withClock(newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))).plainAsk(1, now); call.plain {
-		t.Error("plain for SlidingWindow")
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		if call := withClock(newKeyTest(t, perSecond1000, algorithm(alg))).plainAsk(1, now); call.plain {
+			t.Errorf("plain for %v", alg)
+		}
 	}
 	k := withClock(newKeyTest(t, perSecond1000))
 	lc := k.c.lock()

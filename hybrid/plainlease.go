@@ -8,7 +8,9 @@ import (
 )
 
 // Plain leases: a FixedWindow lease of one window taken by a plain
-// increment of its counter, not by the lease script.
+// increment of its counter, not by the lease script. (A SlidingWindow
+// lease is one too, with the reads of the windows that bound it: see
+// plainsliding.go.)
 //
 // A lease call that only asks units of one window (the current one, for a
 // decision or a key running dry, or the next one, leased ahead near the
@@ -45,21 +47,23 @@ import (
 // when it can be one (see above).
 func (lc *lockedCounter) makePlain(p *params, k *leaseCall, at int64, f fleet) {
 	a := &k.win
-	if k.bucket || p.alg != ratelimit.FixedWindow || a.Resent || len(a.Adjust) > 0 || (a.Want > 0) == (a.WantNext > 0) {
+	if k.bucket || p.alg != ratelimit.FixedWindow && p.alg != ratelimit.SlidingWindow || a.Resent || len(a.Adjust) > 0 || (a.Want > 0) == (a.WantNext > 0) {
 		return
 	}
 	idx, _ := p.policy.window(lc, at, f)
-	serverUS := a.Now
+	serverUS, elapsed := a.Now, int64(0)
 	if serverUS > 0 {
 		if floorDiv(serverUS, p.periodUS) != idx {
 			return
 		}
+		elapsed = serverUS - idx*p.periodUS
 	} else {
 		certain, ridx := f.clock.Certain(at)
 		if !certain || ridx != idx {
 			return
 		}
 		serverUS = f.clock.ServerAt(at)
+		elapsed = earliestElapsed(p, serverUS, idx, f.clock)
 	}
 	w, win := a.Want, idx
 	if a.WantNext > 0 {
@@ -79,12 +83,15 @@ func (lc *lockedCounter) makePlain(p *params, k *leaseCall, at int64, f fleet) {
 	if !known || free < p.rate/2+max(1, a.Instances)*w {
 		return
 	}
-	k.plain, k.plainIdx, k.serverUS = true, idx, serverUS
+	k.plain, k.plainIdx, k.serverUS, k.plainElapsed = true, idx, serverUS, elapsed
 }
 
 // plainRequest is k as a plain increment of its one window's counter.
 func (k *leaseCall) plainRequest() request {
 	a := &k.win
+	if slidingKind(a.Kind) {
+		return k.slidingRequest()
+	}
 	win, w := k.plainWindow()
 	key := script.WindowKey(a.Base, a.Kind, win)
 	periodUS := int64(a.Limit.Period / time.Microsecond)

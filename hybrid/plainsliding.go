@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,8 +73,7 @@ func (lc *lockedCounter) plainSliding(p *params, serverUS, n, at int64, f fleet)
 			return false, 0, 0, 0
 		}
 		idx, srv = widx, f.clock.ServerAt(at)
-		earliest := srv - (f.clock.ErrorBound()+srvclock.Margin)/1000
-		elapsed = min(max(0, earliest-idx*p.periodUS), p.periodUS)
+		elapsed = earliestElapsed(p, srv, idx, f.clock)
 	}
 	free, known := lc.knownFree(idx)
 	if !known {
@@ -84,6 +84,18 @@ func (lc *lockedCounter) plainSliding(p *params, serverUS, n, at int64, f fleet)
 	}
 	return true, idx, srv, elapsed
 }
+
+// earliestElapsed is how far into window idx Redis is at the earliest
+// when this instance's estimate of its clock reads serverUS: the estimate
+// less its error bound and srvclock's margin, in microseconds.
+func earliestElapsed(p *params, serverUS, idx int64, clk clockView) int64 {
+	earliest := serverUS - (clk.ErrorBound()+srvclock.Margin)/1000
+	return min(max(0, earliest-idx*p.periodUS), p.periodUS)
+}
+
+// slidingKind reports whether a window counter kind is a SlidingWindow's
+// (as lease.lua tells it).
+func slidingKind(kind string) bool { return strings.HasPrefix(kind, "sw") }
 
 // slidingRequest is plain sliding call e as its four commands.
 func (e *exactCall) slidingRequest() request {
@@ -195,4 +207,106 @@ func satAdd(a, b int64) int64 {
 		return maxCount
 	}
 	return a + b
+}
+
+// Plain sliding leases: a SlidingWindow lease call of one window, far from
+// the limit, as a FixedWindow plain lease is (plainlease.go), with the reads
+// a plain sliding call makes. Its grant is read as lease.lua would make it
+// from the bound before the increment: for the current window, the
+// previous count weighted (at the earliest instant Redis can run the call)
+// plus the current count, or the current plus the next count, whichever is
+// larger; for the next window, the current count plus the next. What was
+// counted and not granted is owed back; a read that meets a counter of
+// another type grants nothing.
+
+// slidingRequest is plain lease k of a SlidingWindow: the increment of its
+// window's counter, the reads of the counters that bound it, the record a
+// resend finds, and the expiry (two periods from the window's start and a
+// second, as lease.lua's).
+func (k *leaseCall) slidingRequest() request {
+	a := &k.win
+	win, w := k.plainWindow()
+	key := script.WindowKey(a.Base, a.Kind, win)
+	periodUS := int64(a.Limit.Period / time.Microsecond)
+	expireAt := ((win+2)*periodUS+999)/1000 + 1000 // ms
+	// the current window reads the one before and the one after it; the
+	// next window (a lease ahead), the current one
+	first, second := win-1, win+1
+	if win != k.plainIdx {
+		first, second = k.plainIdx, k.plainIdx
+	}
+	return request{
+		cmds: [][]any{
+			{"hincrby", key, "c", w},
+			{"hmget", script.WindowKey(a.Base, a.Kind, first), "c"},
+			{"hmget", script.WindowKey(a.Base, a.Kind, second), "c"},
+			{"hset", key, "r", a.Nonce + "!"},
+			{"pexpireat", key, expireAt},
+		},
+		parse:    (*slidingLease)(k),
+		fallback: leaseFallback(k.win),
+	}
+}
+
+// slidingLease is a SlidingWindow leaseCall sent as a plain lease.
+type slidingLease leaseCall
+
+// parseReply reads the increment's reply; parseReplies grants.
+func (k *slidingLease) parseReply(v any) (reply, error) {
+	c, err := hincrbyReply(v)
+	if err != nil {
+		return reply{}, err
+	}
+	a := &k.win
+	periodUS := int64(a.Limit.Period / time.Microsecond)
+	return reply{plain: true, win: script.Reply{Idx: k.plainIdx, Now: k.serverUS, Reset: (k.plainIdx+1)*periodUS - k.serverUS, Count: c}}, nil
+}
+
+func (k *slidingLease) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
+	a := &k.win
+	rate, periodUS := int64(a.Limit.Rate), int64(a.Limit.Period/time.Microsecond)
+	win, w := (*leaseCall)(k).plainWindow()
+	after := r.win.Count // the incremented window's count after the increment
+	r.win.Count = 0
+	if len(rest) < 2 {
+		return reply{}, fmt.Errorf("hybrid: a plain sliding lease lacks replies: %d", len(rest))
+	}
+	var counts [2]int64
+	for i, cmd := range rest[:2] {
+		v, err := cmd.Result()
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			// a counter a global Multi wrote: nothing granted, all owed back
+			if win == k.plainIdx {
+				r.win.Count, r.win.Retry = rate, 1
+			} else {
+				r.win.CountNext = rate
+			}
+			return r, nil
+		}
+		if err != nil {
+			return reply{}, err
+		}
+		if counts[i], err = hmgetCount(v); err != nil {
+			return reply{}, err
+		}
+	}
+	before := after - w
+	if win != k.plainIdx {
+		bound := satAdd(counts[0], before) // current + next
+		g := min(w, rate-bound)
+		if g < 1 {
+			g = 0
+		}
+		r.win.GrantNext, r.win.CountNext = g, bound+g
+		return r, nil
+	}
+	prev, next := counts[0], counts[1]
+	bound := max(satAdd(weighted(prev, periodUS-k.plainElapsed, periodUS), before), satAdd(before, next))
+	g := min(w, rate-bound)
+	if g < max(1, a.Min) {
+		g = 0
+		r.win.Retry = max(1, r.win.Reset)
+	}
+	r.win.Grant, r.win.Count = g, bound+g
+	return r, nil
 }

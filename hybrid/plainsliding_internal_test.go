@@ -174,3 +174,119 @@ type replyErr string
 
 func (e replyErr) Error() string { return string(e) }
 func (replyErr) RedisError()     {}
+
+// A SlidingWindow lease call of the current window far from the limit is a
+// plain sliding lease: the increment, the reads of the windows before and
+// after, the record, the expiry two periods and a second from the window's
+// start. Its grant is what lease.lua grants from the bound before the
+// increment; what did not fit is owed back.
+func TestPlainSlidingLease(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	now := 10*sec + 100*ms
+	call := k.plainAsk(1, now)
+	w := call.win.Want
+	if !call.plain || call.plainIdx != 10 || call.plainElapsed != 100_000-50-1000 || w < 1 {
+		t.Fatalf("call %+v (plain %v, window %d, elapsed %dµs); want a plain lease of window 10 at 98,950µs", call.win, call.plain, call.plainIdx, call.plainElapsed)
+	}
+	r := call.request()
+	key := func(idx int64) string { return script.WindowKey(call.win.Base, call.win.Kind, idx) }
+	want := [][]any{
+		{"hincrby", key(10), "c", w},
+		{"hmget", key(9), "c"},
+		{"hmget", key(11), "c"},
+		{"hset", key(10), "r", call.win.Nonce + "!"},
+		{"pexpireat", key(10), int64(13_000)},
+	}
+	if len(r.cmds) != len(want) || r.fallback == nil || r.fallback.fallbackRequest().script != script.Lease {
+		t.Fatalf("request %+v; want five plain commands and lease.lua as the fallback", r.cmds)
+	}
+	for i, c := range want {
+		for j, v := range c {
+			if r.cmds[i][j] != v {
+				t.Fatalf("command %d: %v; want %v", i, r.cmds[i], c)
+			}
+		}
+	}
+	cmd := func(v any) *redis.Cmd {
+		c := redis.NewCmd(context.Background())
+		c.SetVal(v)
+		return c
+	}
+	rp := r.parse.(repliesParser)
+	parse := func(before int64, prev, next any) reply {
+		t.Helper()
+		rep, err := rp.parseReply(before + w)
+		if err == nil {
+			rep, err = rp.parseReplies(rep, []*redis.Cmd{cmd([]any{prev}), cmd([]any{next}), cmd(int64(1)), cmd(int64(1))})
+		}
+		if err != nil || !rep.plain || rep.win.Idx != 10 {
+			t.Fatalf("reply %+v, %v", rep.win, err)
+		}
+		return rep
+	}
+	// prev 800 weighs 720 at 98,950µs into the window: with 100 counted
+	// before, 180 fit
+	if rep := parse(100, "800", nil); rep.win.Grant != min(w, 180) || rep.win.Count != 820+rep.win.Grant {
+		t.Errorf("grant %d count %d; want %d and %d", rep.win.Grant, rep.win.Count, min(w, 180), 820+min(w, 180))
+	}
+	// the next window's leases bound it: 100 + 899 leaves 1, under Min
+	call.win.Min = 2
+	if rep := parse(100, nil, "899"); rep.win.Grant != 0 || rep.win.Retry <= 0 {
+		t.Errorf("grant %d retry %d; want none, and a retry", rep.win.Grant, rep.win.Retry)
+	}
+	call.win.Min = 1
+	rep := parse(100, "800", nil)
+	e := k.reply(call, now, rep)
+	if g := rep.win.Grant; k.c.cur.Load() == nil || k.c.cur.Load().avail.Load() < g || e.visit == visitNone && g < w {
+		t.Errorf("after the reply: lease %+v, effects %+v", k.c.cur.Load(), e)
+	}
+}
+
+// A lease ahead of the next SlidingWindow window is a plain lease of the
+// next window's counter, bounded by the current count plus the next
+// (lease.lua's used(idx + 1)): it reads the current window's counter.
+func TestPlainSlidingLeaseAhead(t *testing.T) {
+	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+	k.lease(10*sec, 100, 100) // 900 free: far from the limit
+	k.tick(10 * sec)
+	for i := 0; i < 3; i++ {
+		k.mustTake(1, 10*sec+500*ms)
+	}
+	now := 11*sec - 150*ms
+	call, _, _ := k.tick(now)
+	if call == nil || !call.plain || call.win.WantNext == 0 || call.win.Want != 0 {
+		t.Fatalf("call %+v; want a plain lease of the next window", call)
+	}
+	r := call.request()
+	w := call.win.WantNext
+	key := func(idx int64) string { return script.WindowKey(call.win.Base, call.win.Kind, idx) }
+	if c := r.cmds[0]; c[0] != "hincrby" || c[1] != key(11) || c[3] != w {
+		t.Fatalf("increment %v; want window 11's counter by %d", c, w)
+	}
+	if r.cmds[1][1] != key(10) || r.cmds[4][2] != int64(14_000) {
+		t.Errorf("commands %v; want window 10's counter read, and window 11's expiry two periods and a second from its start", r.cmds)
+	}
+	cmd := func(v any) *redis.Cmd {
+		c := redis.NewCmd(context.Background())
+		c.SetVal(v)
+		return c
+	}
+	rp := r.parse.(repliesParser)
+	rep, err := rp.parseReply(int64(50) + w) // 50 leased ahead by others
+	if err == nil {
+		rep, err = rp.parseReplies(rep, []*redis.Cmd{cmd([]any{"940"}), cmd([]any{"940"}), cmd(int64(1)), cmd(int64(1))})
+	}
+	// 940 + 50 leaves 10
+	if err != nil || rep.win.GrantNext != min(w, 10) || rep.win.CountNext != 990+min(w, 10) || rep.win.Grant != 0 {
+		t.Fatalf("reply %+v, %v; want %d granted ahead", rep.win, err, min(w, 10))
+	}
+	e := k.reply(call, now, rep)
+	if e.leasedAhead != 1 || k.c.next == nil || k.c.next.idx != 11 || k.c.next.avail.Load() != min(w, 10) {
+		t.Errorf("effects %+v, next %+v; want window 11's lease ahead", e, k.c.next)
+	}
+	if d := k.debts(); w > 10 && (len(d) != 1 || d[0].idx != 11 || d[0].refund != w-10) {
+		t.Errorf("debts %+v; want %d owed back to window 11", d, w-10)
+	}
+}

@@ -165,3 +165,14 @@ func TestSmallSlidingLimitsReachQuota(t *testing.T) {
 	require.Positive(t, stats["hmget"][0], "plain sliding calls were sent")
 	require.Positive(t, stats["evalsha"][0], "lease.lua decided near the limit")
 }
+
+// SlidingWindow leases far from the limit are plain too (a plain sliding
+// lease: HINCRBY, the reads of the windows that bound it, the record, the
+// expiry): the cases of TestPlainLeasesShareQuota, for SlidingWindow, with
+// a global Limiter and a global Multi of SlidingWindow beside the hybrid
+// instances in the mixed ones. (A sliding window's current count alone is
+// bounded by the limit: no fixed window may hold more.)
+func TestPlainSlidingLeasesShareQuota(t *testing.T) {
+	srv := redistest.Standalone(t)
+	plainLeasesShareQuota(t, srv, ratelimit.SlidingWindow)
+}
