@@ -126,6 +126,17 @@ func (e *exactCall) counted() (idx, units int64) {
 	}
 }
 
+// window is the window e counts in: the one it increments when plain.
+func (e *exactCall) window() int64 {
+	switch {
+	case e.fw:
+		return e.take.AdjustIdx
+	case e.sw:
+		return e.swIdx
+	}
+	return 0
+}
+
 func (e *exactCall) base() string {
 	if e.fw {
 		return e.take.Base

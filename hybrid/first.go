@@ -89,6 +89,13 @@ func (s *seen) hash(k string) uint64 { return maphash.String(s.seed, k) }
 // need-th recorded in window idx, or, with need at most leaseAt, when the
 // key was recorded in the window before.
 func (s *seen) find(h uint64, idx, rate int64, need int) (seed, bool) {
+	return s.findFor(h, idx, rate, need, need <= leaseAt)
+}
+
+// findFor is find, the key getting its counter for a record of the window
+// before only when carry (a FixedWindow key asked in two windows running
+// leases; a SlidingWindow key only once asked leaseAt times in one).
+func (s *seen) findFor(h uint64, idx, rate int64, need int, carry bool) (seed, bool) {
 	fp := h & seenFP
 	b := s.slots[h&s.mask:][:seenWays]
 	for i := range b {
@@ -102,7 +109,7 @@ func (s *seen) find(h uint64, idx, rate int64, need int) (seed, bool) {
 		}
 		count := 1 + int(v&seenCount>>28) // with this decision (0 in the window before)
 		if w == 1 {
-			if need > leaseAt {
+			if !carry {
 				b[i].Store(fp | 1<<28 | uint64(idx)&seenIdx) // a new window, its remainder unknown
 				return seed{}, false
 			}
@@ -165,9 +172,10 @@ func (s *seen) victim(b []atomic.Uint64, h, fp uint64, idx int64) int {
 // (lookupSeeded), and what first made of the call.
 func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (t firstTry) {
 	p := h.p
-	if p.alg != ratelimit.FixedWindow || p.mode != Strict {
+	if p.alg != ratelimit.FixedWindow && p.alg != ratelimit.SlidingWindow || p.mode != Strict {
 		return t
 	}
+	fw := p.alg == ratelimit.FixedWindow
 	f := h.facts()
 	idx, end := f.clock.Window(now)
 	k := kept(key)
@@ -178,7 +186,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	if hk == 0 { // (not hashed by find)
 		hk = h.seen.hash(k)
 	}
-	if sd, ok := h.seen.find(hk, idx, p.rate, need); ok {
+	if sd, ok := h.seen.findFor(hk, idx, p.rate, need, fw && need <= leaseAt); ok {
 		t.seed = sd // (with the remainder it saw: a fallback's credit is bounded by it)
 		return t
 	}
@@ -186,16 +194,29 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		return t
 	}
 	id := h.clockID()
-	plain, pidx := plainWindow(p, id.now, now, f.clock)
-	if !plain {
-		return t
+	base := p.prefix + ":{" + tagOf(k) + "}:"
+	var e *exactCall
+	if fw {
+		plain, pidx := plainWindow(p, id.now, now, f.clock)
+		if !plain {
+			return t
+		}
+		e = &exactCall{n: n, fw: true, plain: true, key: key, done: make(chan struct{}), serverUS: id.now}
+		if e.serverUS <= 0 {
+			e.serverUS = f.clock.ServerAt(now)
+		}
+		e.take = script.TakeArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: pidx}
+	} else {
+		// a plain sliding call (plainsliding.go), lease.lua for exactly n
+		// its fallback
+		ok, swIdx, srv, elapsed := slidingPlainAt(p, id.now, now, f)
+		if !ok {
+			return t
+		}
+		e = &exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv,
+			call: &leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
 	}
-	e := &exactCall{n: n, fw: true, plain: true, key: key, done: make(chan struct{}), serverUS: id.now}
-	if e.serverUS <= 0 {
-		e.serverUS = f.clock.ServerAt(now)
-	}
-	e.take = script.TakeArgs{Base: p.prefix + ":{" + tagOf(k) + "}:", Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: pidx}
-	t.seed = seed{idx: pidx, uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
+	t.seed = seed{idx: e.window(), uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
 	h.exacts.Add(1)
 	h.asks.add(e)
 	answered, err := e.await(ctx, timeout, expired)
@@ -203,16 +224,19 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t
 	}
-	r := e.res.take
-	free := p.rate - r.Count
+	ridx, count := e.res.take.Idx, e.res.take.Count
+	if !fw {
+		ridx, count = e.res.win.Idx, e.res.win.Count
+	}
+	free := p.rate - count
 	if free <= 2*f.instances {
 		return t // nearly spent: the counter keeps what is left (leasable)
 	}
-	h.seen.note(hk, r.Idx, free, p.rate)
+	h.seen.note(hk, ridx, free, p.rate)
 	h.st.exact.Add(1)
 	h.st.retiredAllowed.Add(1)
 	h.st.retiredWaited.Add(1)
-	end = f.clock.MonoAt((r.Idx + 1) * p.periodUS)
+	end = f.clock.MonoAt((ridx + 1) * p.periodUS)
 	t.d = ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(min(free, p.capacity)), ResetAfter: time.Duration(max(0, end-now))}
 	t.done, t.e = true, nil
 	return t

@@ -18,15 +18,26 @@ import (
 
 // A key's first decision in two windows is one exact call and no counter:
 // Redis counts exactly its unit, the key table does not grow, no lease is
-// taken. Asked again in the window, the key gets its counter and leases,
+// taken (FixedWindow and SlidingWindow, whose call is a plain sliding
+// call). Asked again in the window, the key gets its counter and leases,
 // as a key with a counter all along would have (its first use counted).
 func TestFirstDecisionNoCounter(t *testing.T) {
 	srv := redistest.Standalone(t)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.FixedWindow, ratelimit.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) { firstDecisionNoCounter(t, srv, alg) })
+	}
+}
+
+func firstDecisionNoCounter(t *testing.T, srv *redistest.Server, alg ratelimit.Algorithm) {
 	c := srv.Client()
 	defer c.Close()
 	prefix := uniq(t)
+	limit := ratelimit.PerHour(1000)
 	idx := freshWindow(t, c, time.Hour, 30*time.Second)
-	h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1))
+	redisCount := func(t *testing.T, c *redis.Client, prefix, key string, idx int64) int {
+		return windowCount(t, c, prefix, key, alg, limit, idx)
+	}
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithAlgorithm(alg))
 	require.NoError(t, err)
 	defer h.Close()
 	ctx := context.Background()

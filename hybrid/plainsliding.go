@@ -62,18 +62,8 @@ import (
 // and returns its window and the least time into that window, in
 // microseconds, at which Redis can run it.
 func (lc *lockedCounter) plainSliding(p *params, serverUS, n, at int64, f fleet) (ok bool, idx, srv, elapsed int64) {
-	if p.alg != ratelimit.SlidingWindow {
+	if ok, idx, srv, elapsed = slidingPlainAt(p, serverUS, at, f); !ok {
 		return false, 0, 0, 0
-	}
-	if serverUS > 0 {
-		idx, srv, elapsed = floorDiv(serverUS, p.periodUS), serverUS, serverUS-floorDiv(serverUS, p.periodUS)*p.periodUS
-	} else {
-		certain, widx := f.clock.Certain(at)
-		if !certain {
-			return false, 0, 0, 0
-		}
-		idx, srv = widx, f.clock.ServerAt(at)
-		elapsed = earliestElapsed(p, srv, idx, f.clock)
 	}
 	free, known := lc.knownFree(idx)
 	if !known {
@@ -83,6 +73,27 @@ func (lc *lockedCounter) plainSliding(p *params, serverUS, n, at int64, f fleet)
 		return false, 0, 0, 0
 	}
 	return true, idx, srv, elapsed
+}
+
+// slidingPlainAt reports whether a SlidingWindow call made at at (mono;
+// serverUS > 0: WithClock's time) can be plain as far as the clock goes:
+// the window Redis runs it in is certain. It returns that window, the
+// server time of at, and how far into the window Redis runs it at the
+// earliest, in microseconds.
+func slidingPlainAt(p *params, serverUS, at int64, f fleet) (ok bool, idx, srv, elapsed int64) {
+	if p.alg != ratelimit.SlidingWindow {
+		return false, 0, 0, 0
+	}
+	if serverUS > 0 {
+		idx = floorDiv(serverUS, p.periodUS)
+		return true, idx, serverUS, serverUS - idx*p.periodUS
+	}
+	certain, idx := f.clock.Certain(at)
+	if !certain {
+		return false, 0, 0, 0
+	}
+	srv = f.clock.ServerAt(at)
+	return true, idx, srv, earliestElapsed(p, srv, idx, f.clock)
 }
 
 // earliestElapsed is how far into window idx Redis is at the earliest
