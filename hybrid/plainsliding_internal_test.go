@@ -290,3 +290,53 @@ func TestPlainSlidingLeaseAhead(t *testing.T) {
 		t.Errorf("debts %+v; want %d owed back to window 11", d, w-10)
 	}
 }
+
+// A SlidingWindow key far from its limit keeps at a tick the refund its
+// lease left at its window's end, for its next call to carry (a call of
+// its own costs a lease.lua call per lease); near the limit, for a key
+// leaving the table and while Flush or Close drain, the refund goes at
+// once; a refund a call asks beside is carried as before.
+func TestSlidingRefundsKept(t *testing.T) {
+	setup := func(count int64) *keyTest {
+		k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+		k.lease(10*sec+100*ms, 50, count) // 50 leased; the window's bound then count
+		k.mustTake(1, 10*sec+100*ms)
+		return k
+	}
+	quiet := 11*sec + 10*ms // the window over, the key quiet since
+	k := setup(100)         // 900 free: far
+	if call, _, _ := k.tick(quiet); call != nil {
+		t.Errorf("far from the limit a refund went alone: %+v", call.win)
+	}
+	if d := k.debts(); len(d) != 1 || d[0].idx != 10 || d[0].refund != 49 {
+		t.Fatalf("debts %+v; want the 49 units left unused kept for window 10", d)
+	}
+	// the key's next call carries it
+	lc := k.c.lock()
+	call := lc.ask(k.p, k.id(), 1, quiet+time.Millisecond.Nanoseconds(), k.f)
+	lc.unlock()
+	if len(call.win.Adjust) != 1 || call.win.Adjust[0].Refund != 49 {
+		t.Errorf("the next call carries %+v; want the refund of 49", call.win.Adjust)
+	}
+
+	k = setup(600) // 400 free: near
+	if call, _, _ := k.tick(quiet); call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0].Refund != 49 {
+		t.Errorf("near the limit: call %+v; want the refund of 49 sent", call)
+	}
+	k = setup(100)
+	k.c.dead.Store(true)
+	if call, _, _ := k.tick(quiet); call == nil || len(call.win.Adjust) != 1 {
+		t.Errorf("a key out of the table: call %+v; want its refund sent", call)
+	}
+	k = setup(100)
+	k.f.draining = true
+	if call, _, _ := k.tick(quiet); call == nil || len(call.win.Adjust) != 1 {
+		t.Errorf("while draining: call %+v; want the refund sent", call)
+	}
+	// two periods on the window bounds nothing: the refund is dropped
+	k = setup(100)
+	k.tick(quiet)
+	if call, _, _ := k.tick(12*sec + 10*ms); call != nil || len(k.debts()) != 0 {
+		t.Errorf("two periods on: call %+v, debts %+v; want none", call, k.debts())
+	}
+}
