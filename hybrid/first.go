@@ -18,14 +18,19 @@ import (
 // once a window) are in the key table only because they were just asked:
 // the counter made for one exact call is filled, scheduled, visited by
 // the syncer and dropped again two periods later, which costs an instance
-// more CPU than the call itself. So a FixedWindow decision in Strict mode
-// of a key the table does not hold, not asked on this instance in this
-// window or the last (as far as seen records), is one plain exact call
-// made without a counter: HINCRBY and PEXPIREAT (plainRequest), shared
-// with every other call of its moment, its reply the decision. The key
-// gets a counter only when the decision needs one: when it is asked again
-// within two windows (seen tells, and the counter starts with that use
-// counted, so the key warms as it would have with a counter all along),
+// more CPU than the call itself. So a decision in Strict mode of a key the
+// table does not hold, not asked on this instance in this window or the
+// last (as far as seen records), is one exact call made without a
+// counter, shared with every other call of its moment, its reply the
+// decision: for FixedWindow a plain increment (HINCRBY and PEXPIREAT,
+// plainRequest), for SlidingWindow a plain sliding call (plainsliding.go),
+// for a bucket the bucket script for its units (a bucket's "window" is
+// this instance's period). The key gets a counter only when the decision
+// needs one: when it is asked again within two windows (a FixedWindow
+// key; a SlidingWindow or bucket key only once asked twice in one window,
+// when it would lease: see cold; seen tells, and the counter starts with
+// that use counted, so the key warms as it would have with a counter all
+// along),
 // or when the reply is anything but an admission far from the limit (a
 // denial, a reply too near the window's end, an error, no reply in time,
 // a window nearly spent): then the counter settles the call as the
@@ -172,12 +177,15 @@ func (s *seen) victim(b []atomic.Uint64, h, fp uint64, idx int64) int {
 // (lookupSeeded), and what first made of the call.
 func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (t firstTry) {
 	p := h.p
-	if p.alg != ratelimit.FixedWindow && p.alg != ratelimit.SlidingWindow || p.mode != Strict {
+	if p.alg == ratelimit.SlidingLog || p.mode != Strict {
 		return t
 	}
 	fw := p.alg == ratelimit.FixedWindow
 	f := h.facts()
 	idx, end := f.clock.Window(now)
+	if p.bucket {
+		idx, end = p.policy.window(nil, now, f) // (a bucket's key counts its decisions by this instance's periods)
+	}
 	k := kept(key)
 	need := leaseAt
 	if h.crowd.crowded() {
@@ -196,7 +204,12 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	id := h.clockID()
 	base := p.prefix + ":{" + tagOf(k) + "}:"
 	var e *exactCall
-	if fw {
+	switch {
+	case p.bucket:
+		// the bucket script for exactly n, as a key with a counter sends it
+		e = &exactCall{n: n, key: key, done: make(chan struct{}),
+			call: &leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
+	case fw:
 		plain, pidx := plainWindow(p, id.now, now, f.clock)
 		if !plain {
 			return t
@@ -206,7 +219,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 			e.serverUS = f.clock.ServerAt(now)
 		}
 		e.take = script.TakeArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: pidx}
-	} else {
+	default:
 		// a plain sliding call (plainsliding.go), lease.lua for exactly n
 		// its fallback
 		ok, swIdx, srv, elapsed := slidingPlainAt(p, id.now, now, f)
@@ -217,6 +230,9 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 			call: &leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
 	}
 	t.seed = seed{idx: e.window(), uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
+	if p.bucket {
+		t.seed.idx = idx
+	}
 	h.exacts.Add(1)
 	h.asks.add(e)
 	answered, err := e.await(ctx, timeout, expired)
@@ -224,11 +240,15 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t
 	}
-	ridx, count := e.res.take.Idx, e.res.take.Count
-	if !fw {
-		ridx, count = e.res.win.Idx, e.res.win.Count
+	var ridx, free int64
+	switch {
+	case p.bucket:
+		ridx, free = idx, e.res.bkt.Level
+	case fw:
+		ridx, free = e.res.take.Idx, p.rate-e.res.take.Count
+	default:
+		ridx, free = e.res.win.Idx, p.rate-e.res.win.Count
 	}
-	free := p.rate - count
 	if free <= 2*f.instances {
 		return t // nearly spent: the counter keeps what is left (leasable)
 	}
@@ -236,8 +256,11 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	h.st.exact.Add(1)
 	h.st.retiredAllowed.Add(1)
 	h.st.retiredWaited.Add(1)
-	end = f.clock.MonoAt((ridx + 1) * p.periodUS)
-	t.d = ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(min(free, p.capacity)), ResetAfter: time.Duration(max(0, end-now))}
+	reset := f.clock.MonoAt((ridx+1)*p.periodUS) - now
+	if p.bucket {
+		reset = p.bucketReset(min(free, p.capacity))
+	}
+	t.d = ratelimit.Decision{Allowed: true, Limit: p.limit, Algorithm: p.alg, Remaining: int(min(free, p.capacity)), ResetAfter: time.Duration(max(0, reset))}
 	t.done, t.e = true, nil
 	return t
 }

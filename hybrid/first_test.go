@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/ratelimit"
+	"github.com/hybridlimit/ratelimit/global"
 	"github.com/hybridlimit/ratelimit/hybrid"
 	"github.com/hybridlimit/ratelimit/internal/faultproxy"
 	"github.com/hybridlimit/ratelimit/internal/redistest"
@@ -202,4 +203,46 @@ func TestCrowdedKeysStayExact(t *testing.T) {
 		"3 exact units counted before the lease")
 	allow(crowded, "busy")
 	require.Equal(t, s.LocalDecisions+1, crowded.Stats().LocalDecisions, "a crowded instance finds the key's counter")
+}
+
+// A bucket key's first decision is one call of the bucket script for its
+// units and no counter, as a window key's: the key table does not grow, no
+// lease is taken, and a global limiter of the same bucket sees the token
+// taken. Asked again in the instance's period, the key gets its counter.
+func TestFirstBucketDecisionNoCounter(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			c := srv.Client()
+			defer c.Close()
+			prefix := uniq(t)
+			limit := ratelimit.PerHour(1000)
+			h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithAlgorithm(alg))
+			require.NoError(t, err)
+			defer h.Close()
+			ctx := context.Background()
+			before := h.Stats()
+			const n = 50
+			for i := range n {
+				d, err := h.Allow(ctx, fmt.Sprint("first-", i))
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				require.Equal(t, 999, d.Remaining)
+			}
+			s := h.Stats()
+			require.Equal(t, before.KeysTracked, s.KeysTracked, "no counter made")
+			require.Equal(t, uint64(n), s.ExactDecisions-before.ExactDecisions)
+			require.Equal(t, before.Leases, s.Leases, "no lease taken")
+			g, err := global.New(c, limit, global.WithPrefix(prefix), global.WithAlgorithm(alg))
+			require.NoError(t, err)
+			d, err := g.Allow(ctx, "first-1")
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			require.InDelta(t, 998, d.Remaining, 1, "the global limiter sees the hybrid's token taken")
+
+			_, err = h.Allow(ctx, "first-0") // again: the key gets its counter
+			require.NoError(t, err)
+			require.Equal(t, s.KeysTracked+1, h.Stats().KeysTracked)
+		})
+	}
 }
