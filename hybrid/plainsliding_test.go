@@ -171,7 +171,8 @@ func TestSmallSlidingLimitsReachQuota(t *testing.T) {
 // expiry): the cases of TestPlainLeasesShareQuota, for SlidingWindow, with
 // a global Limiter and a global Multi of SlidingWindow beside the hybrid
 // instances in the mixed ones. (A sliding window's current count alone is
-// bounded by the limit: no fixed window may hold more.)
+// bounded by the limit: no fixed window may hold more. Near the limit,
+// reaching it is not asserted: see plainLeasesShareQuota.)
 func TestPlainSlidingLeasesShareQuota(t *testing.T) {
 	srv := redistest.Standalone(t)
 	plainLeasesShareQuota(t, srv, ratelimit.SlidingWindow)
