@@ -147,22 +147,13 @@ func (e *slidingExact) parseReply(v any) (reply, error) {
 func (e *slidingExact) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 	a := &e.call.win
 	rate, periodUS := int64(a.Limit.Rate), int64(a.Limit.Period/time.Microsecond)
-	if len(rest) < 2 {
-		return reply{}, fmt.Errorf("hybrid: a plain sliding call lacks replies: %d", len(rest))
+	counts, other, err := readCounts(rest)
+	if err != nil {
+		return reply{}, err
 	}
-	var counts [2]int64
-	for i, cmd := range rest[:2] {
-		v, err := cmd.Result()
-		if redis.HasErrorPrefix(err, "WRONGTYPE") {
-			r.win.Count = max(r.win.Count, rate)
-			return r, nil
-		}
-		if err != nil {
-			return reply{}, err
-		}
-		if counts[i], err = hmgetCount(v); err != nil {
-			return reply{}, err
-		}
+	if other {
+		r.win.Count = max(r.win.Count, rate)
+		return r, nil
 	}
 	curr, prev, next := r.win.Count, counts[0], counts[1]
 	bound := weighted(prev, periodUS-e.swElapsed, periodUS)
@@ -176,6 +167,29 @@ func (e *slidingExact) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 }
 
 func (e *slidingExact) fallbackRequest() request { return e.call.request() }
+
+// readCounts reads the two HMGETs of a plain sliding call or lease, the
+// first two of rest: their counts; other when one met a key of another
+// type (a counter a global Multi wrote), which the call decides nothing
+// by.
+func readCounts(rest []*redis.Cmd) (counts [2]int64, other bool, err error) {
+	if len(rest) < 2 {
+		return counts, false, fmt.Errorf("hybrid: a plain sliding call lacks replies: %d", len(rest))
+	}
+	for i, cmd := range rest[:2] {
+		v, err := cmd.Result()
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return counts, true, nil
+		}
+		if err != nil {
+			return counts, false, err
+		}
+		if counts[i], err = hmgetCount(v); err != nil {
+			return counts, false, err
+		}
+	}
+	return counts, false, nil
+}
 
 // hmgetCount reads an HMGET of one field: the count, 0 when absent.
 func hmgetCount(v any) (int64, error) {
@@ -279,27 +293,18 @@ func (k *slidingLease) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 	win, w := (*leaseCall)(k).plainWindow()
 	after := r.win.Count // the incremented window's count after the increment
 	r.win.Count = 0
-	if len(rest) < 2 {
-		return reply{}, fmt.Errorf("hybrid: a plain sliding lease lacks replies: %d", len(rest))
+	counts, other, err := readCounts(rest)
+	if err != nil {
+		return reply{}, err
 	}
-	var counts [2]int64
-	for i, cmd := range rest[:2] {
-		v, err := cmd.Result()
-		if redis.HasErrorPrefix(err, "WRONGTYPE") {
-			// a counter a global Multi wrote: nothing granted, all owed back
-			if win == k.plainIdx {
-				r.win.Count, r.win.Retry = rate, 1
-			} else {
-				r.win.CountNext = rate
-			}
-			return r, nil
+	if other {
+		// a counter a global Multi wrote: nothing granted, all owed back
+		if win == k.plainIdx {
+			r.win.Count, r.win.Retry = rate, 1
+		} else {
+			r.win.CountNext = rate
 		}
-		if err != nil {
-			return reply{}, err
-		}
-		if counts[i], err = hmgetCount(v); err != nil {
-			return reply{}, err
-		}
+		return r, nil
 	}
 	before := after - w
 	if win != k.plainIdx {
