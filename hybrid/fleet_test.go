@@ -26,18 +26,54 @@ import (
 // (calls far shorter than a window), whatever the scheduler delayed.
 type tally struct {
 	period time.Duration
+	// late, when not zero, makes the tally count only calls that began
+	// and returned within the last late of one window, less lateMargin at
+	// its start (on this machine's clock, which Redis shares): see
+	// newLateTally.
+	late   time.Duration
 	mu     sync.Mutex
 	perWin map[string]map[int64]int
 }
 
+// lateMargin is how far into the late part of a window a call must begin
+// to be counted by a late tally: more than the hybrid's error bound on
+// Redis time on loopback, so the call is late as the limiter sees it too.
+const lateMargin = 20 * time.Millisecond
+
 func newTally(p time.Duration) *tally {
 	return &tally{period: p, perWin: map[string]map[int64]int{}}
+}
+
+// newLateTally returns a tally of the calls made in the last late of a
+// window of period p. A SlidingWindow key whose previous window reached
+// limit r admits its r-th unit of the current window only in the window's
+// last p/r (its previous window's weight, rounded down, is then zero): a
+// key-window asked r times in that part reaches the limit, one asked
+// earlier need not.
+func newLateTally(p, late time.Duration) *tally {
+	t := newTally(p)
+	t.late = late
+	return t
 }
 
 // add counts n units of decision d on key, made by a call that began at
 // start and has just returned.
 func (t *tally) add(key string, d ratelimit.Decision, n int, start time.Time) {
 	p := t.period.Microseconds()
+	if t.late > 0 {
+		from, to := start.UnixMicro(), time.Now().UnixMicro()
+		end := (from/p + 1) * p
+		if to > end || from < end-(t.late-lateMargin).Microseconds() {
+			return
+		}
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.perWin[key] == nil {
+			t.perWin[key] = map[int64]int{}
+		}
+		t.perWin[key][from/p] += n
+		return
+	}
 	lo := start.Add(d.ResetAfter).UnixMicro()
 	hi := time.Now().Add(d.ResetAfter).UnixMicro()
 	m := (lo + p - 1) / p // the first boundary at or after lo

@@ -152,8 +152,11 @@ func commandCalls(t *testing.T, c *redis.Client, name string) int64 {
 // (plain sliding calls, and lease.lua once a key is near its limit): no
 // fixed window ever holds more than the limit (a sliding window's current
 // count alone is bounded by it), and at least 97% of the key-windows
-// driven past the limit reach it (a key driven all window long frees its
-// previous window's weight before the window ends).
+// driven past the limit reach it. Driven past means asked limit times in
+// the window's last 1/limit, where the previous window's weight, rounded
+// down, is zero whatever it holds: a key at 2 per second whose previous
+// window reached 2 admits only one unit in the first half of a window, so
+// a window asked three times, all early, need not reach 2.
 func TestSmallSlidingLimitsReachQuota(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
