@@ -154,7 +154,10 @@ func BenchmarkColdKeys(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { h.Close() })
+		before := h.Stats()
 		run(b, func() (ratelimit.Limiter, error) { return h, nil })
+		s := h.Stats()
+		b.ReportMetric(float64(s.SyncRoundTrips-before.SyncRoundTrips)/float64(max(1, s.Decisions-before.Decisions)), "waited-RT/decision")
 	})
 	b.Run("global", func(b *testing.B) {
 		g, err := global.New(client(b), limit, global.WithPrefix(prefix("coldg")))
