@@ -701,6 +701,55 @@ func TestBucketLeaseAndGiveBack(t *testing.T) {
 	}
 }
 
+// A bucket key that goes quiet leaves the few tokens its lease still
+// holds to the refill, no call sent, when the bucket was last heard at
+// least half full and they are no more than it refills in a sync interval
+// (100/s, 100ms: 10); it gives them back when the bucket was heard fuller
+// than half empty, when they are more than that, or when Flush drains.
+func TestBucketLeftToRefill(t *testing.T) {
+	cases := []struct {
+		name          string
+		grant, level  int64 // the lease's grant and the level Redis reported
+		draining      bool
+		refund, owned int64 // what the release gives back, and what it leaves
+	}{
+		{"far from empty", 6, 94, false, 0, 5},
+		{"half full", 6, 50, false, 0, 5},
+		{"under half", 6, 49, false, 5, 0},
+		{"more than a tick's refill", 12, 88, false, 11, 0},
+		{"drained by Flush", 6, 94, true, 5, 0},
+	}
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		for _, c := range cases {
+			t.Run(alg.String()+"/"+c.name, func(t *testing.T) {
+				k := newKeyTest(t, tokens100, algorithm(alg))
+				now := 10*sec + 300*ms
+				call := k.ask(1, now)
+				k.reply(call, now, reply{bkt: script.BucketReply{Grant: c.grant, Level: c.level}})
+				k.mustTake(1, now)
+				k.c.lastUse.Store(now)
+				k.f.draining = c.draining
+				call, _, _ = k.tick(now + 2*sec) // quiet for longer than its idle gap
+				switch {
+				case c.refund == 0 && call != nil:
+					t.Fatalf("sent %+v; want the tokens left to the refill, no call", call.bkt)
+				case c.refund > 0 && (call == nil || call.bkt.Refund != c.refund):
+					t.Fatalf("call %+v; want %d tokens given back", call, c.refund)
+				}
+				lc := k.c.lock()
+				expired := lc.expired
+				lc.unlock()
+				if expired != c.owned {
+					t.Errorf("%d tokens left to the refill (Stats().Expired), want %d", expired, c.owned)
+				}
+				if k.c.cur.Load() != nil {
+					t.Error("the lease stayed")
+				}
+			})
+		}
+	}
+}
+
 // A bucket's credit budget (optimistic mode) is per period of the
 // instance's clock, as a window's is per window.
 func TestBucketCreditBudget(t *testing.T) {

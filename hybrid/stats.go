@@ -21,7 +21,7 @@ type Stats struct {
 	LeasedAhead    uint64 // grants of the next window's quota, leased before it began
 	NoReply        uint64 // decisions Redis did not answer in time (or answered with an error) while the breaker was closed: denied in Strict, on credit in Optimistic
 	Refunded       uint64 // unused leased units given back to Redis
-	Expired        uint64 // leased units whose window ended before they were used (counted in Redis, never admitted)
+	Expired        uint64 // leased units whose window ended before they were used (counted in Redis, never admitted), and a bucket's tokens a quiet key left to the refill
 	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
 	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
