@@ -3,6 +3,7 @@ package hybrid_test
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -543,6 +544,12 @@ func commandStats(t *testing.T, c *redis.Client) map[string][2]int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	require.NoError(t, err)
+	return parseCommandStats(info)
+}
+
+// parseCommandStats reads INFO commandstats: calls and failed calls by
+// command.
+func parseCommandStats(info string) map[string][2]int64 {
 	out := map[string][2]int64{}
 	for _, line := range strings.Split(info, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
@@ -641,6 +648,126 @@ func TestColdKeysCluster(t *testing.T) {
 	require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
 	require.Positive(t, s.ExactDecisions)
 	require.Equal(t, 3, hybrid.NodeQueues(hs[0]), "one queue per master")
+}
+
+// The other algorithms' cold paths on a Cluster: SlidingWindow's plain
+// sliding calls (four commands on the key's windows, one hash slot) and
+// the buckets' exact calls each go to the key's master in a pipeline of
+// that node's own. 300 keys, 4 instances on defaults driving them far
+// past the limit:
+//   - SlidingWindow at 2 per second: no fixed window over the limit (a
+//     sliding window's current count alone is bounded by it), at least
+//     97% of the key-windows asked twice in their second half (see
+//     newLateTally) reach it, and plain sliding calls were made (HMGET on
+//     the masters);
+//   - TokenBucket and GCRA at 5 per second, burst 5 (a share too small to
+//     lease: every decision an exact call): at each admission a key has
+//     admitted at most Burst + Rate x elapsed since the run began, with
+//     the bucket full, and in all at least 90% of that.
+func TestColdKeysClusterAlgorithms(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	keys := numberedKeys("cold-", 300)
+	const d = 3500 * time.Millisecond
+	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			limit := ratelimit.Limit{Rate: 5, Period: time.Second, Burst: 5}
+			if alg == ratelimit.SlidingWindow {
+				limit = ratelimit.PerSecond(2)
+			}
+			prefix := uniq(t)
+			var ls []ratelimit.Limiter
+			var hs []*hybrid.Limiter
+			for i := 0; i < 4; i++ {
+				h, err := hybrid.New(cl.Client(), limit, hybrid.WithPrefix(prefix), hybrid.WithAlgorithm(alg))
+				require.NoError(t, err)
+				t.Cleanup(func() { h.Close() })
+				hs, ls = append(hs, h), append(ls, h)
+			}
+			if alg == ratelimit.SlidingWindow {
+				tl, tries := newTally(limit.Period), newLateTally(limit.Period, limit.Period/2)
+				from := time.Now()
+				allowed, denied := hammerRandom(t, ls, keys, 8, d, tl, tries)
+				over, full, past, reached := quotaDriven(tl, tries, keys, limit.Rate, limit.Rate, from, time.Now())
+				s := sumStats(hs)
+				t.Logf("allowed %d denied %d; of %d full key-windows, %d driven past the limit, %d of them at the limit; exact decisions %d, leases %d",
+					allowed, denied, full, past, reached, s.ExactDecisions, s.Leases)
+				require.Empty(t, over, "key-windows over the limit")
+				require.Positive(t, past)
+				require.GreaterOrEqual(t, float64(reached), 0.97*float64(past), "key-windows driven past the limit reach it")
+				var hmget atomic.Int64
+				require.NoError(t, cl.Client().ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+					info, err := c.Info(ctx, "commandstats").Result()
+					hmget.Add(parseCommandStats(info)["hmget"][0])
+					return err
+				}))
+				require.Positive(t, hmget.Load(), "plain sliding calls were sent")
+			} else {
+				at := hammerTimes(t, ls, keys, 8, d)
+				allow := func(e time.Duration) float64 {
+					return float64(limit.Burst) + float64(limit.Rate)*e.Seconds()/limit.Period.Seconds()
+				}
+				admitted := 0
+				for k, ts := range at {
+					for i, e := range ts {
+						require.LessOrEqual(t, float64(i+1), allow(e), "key %s, admission %d at %v: over Burst + Rate x elapsed", k, i+1, e)
+					}
+					admitted += len(ts)
+				}
+				total := allow(d) * float64(len(keys)) // (no call starts after d)
+				s := sumStats(hs)
+				t.Logf("admitted %d of an allowance of %.0f (%.1f%%); exact decisions %d, leases %d",
+					admitted, total, 100*float64(admitted)/total, s.ExactDecisions, s.Leases)
+				require.GreaterOrEqual(t, float64(admitted), 0.9*total, "at least 90%% of the allowance used")
+			}
+			require.Positive(t, sumStats(hs).ExactDecisions)
+			require.Equal(t, 3, hybrid.NodeQueues(hs[0]), "one queue per master")
+		})
+	}
+}
+
+// hammerTimes runs workers goroutines per limiter, each calling AllowN on
+// keys at random until d has passed, and returns when each key's units
+// were admitted (as time since the run began, at the call's return: never
+// before Redis counted it), sorted.
+func hammerTimes(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration) (at map[string][]time.Duration) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs atomic.Int64
+	at = map[string][]time.Duration{}
+	start := time.Now()
+	stop := start.Add(d)
+	for li, l := range lims {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func(l ratelimit.Limiter, x uint64) {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					x ^= x << 13 // xorshift64
+					x ^= x >> 7
+					x ^= x << 17
+					key := keys[x%uint64(len(keys))]
+					dec, err := l.AllowN(context.Background(), key, 1)
+					if err != nil {
+						errs.Add(1)
+						return
+					}
+					if dec.Allowed {
+						e := time.Since(start)
+						mu.Lock()
+						at[key] = append(at[key], e)
+						mu.Unlock()
+					}
+				}
+			}(l, uint64(li*workers+w+1)*0x9E3779B97F4A7C15)
+		}
+	}
+	wg.Wait()
+	require.Zero(t, errs.Load(), "AllowN errors")
+	for _, ts := range at {
+		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+	}
+	return at
 }
 
 // quota reads what the fleet admitted of keys (tl) against what it was
