@@ -23,7 +23,8 @@ import (
 // *counter lock-free; whatever needs the key's mutex is a method of
 // *lockedCounter, which only counter.lock returns.
 type counter struct {
-	key string // the key as kept in memory (see Limiter.lookup)
+	key  string // the key as kept in memory (see Limiter.lookup)
+	hash uint64 // seen.hash of key: where the index holds it (index.go)
 
 	// Read by decisions without a lock.
 	cur          atomic.Pointer[lease] // the lease decisions take from

@@ -53,12 +53,9 @@ func KeyCopies(h *Limiter, key string) int {
 		}
 		return true
 	})
-	h.index.Range(func(ik, iv any) bool {
-		if iv == c {
-			held[unsafe.StringData(ik.(string))] = true
-		}
-		return true
-	})
+	if ic := h.index.load(k, c.hash); ic != nil {
+		held[unsafe.StringData(ic.key)] = true // (the index keeps the counter, and no key of its own)
+	}
 	return len(held)
 }
 

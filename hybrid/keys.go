@@ -32,12 +32,15 @@ func (h *Limiter) lookup(key string) *counter {
 // key as kept.
 func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter {
 	k := kept(key)
-	if c := h.indexed(k); c != nil {
+	hk := h.seen.hash(k)
+	if c := h.indexed(k, hk); c != nil {
 		return c
 	}
 	c, created := h.table.GetOrCreateKeyed(k, func(own string) *counter {
-		h.held.add(h.seen.hash(own), 1)
-		return mk(own)
+		h.held.add(hk, 1)
+		c := mk(own)
+		c.hash = hk
+		return c
 	})
 	if !created {
 		h.used(c)
@@ -46,18 +49,22 @@ func (h *Limiter) lookupWith(key string, mk func(own string) *counter) *counter 
 }
 
 // find is lookup without making a counter: nil when the table holds none.
-// On a crowded instance (see crowd), where most decisions are of keys
-// without a counter, the held filter answers most of them first; hk is
-// then the key's hash (seen.hash), else 0.
+// It returns the key's hash (seen.hash) too. The held filter answers most
+// lookups of keys without a counter before the key table (a lock) is
+// searched: on a crowded instance (see crowd), where most decisions are
+// of such keys, before the index too.
 func (h *Limiter) find(key string) (c *counter, hk uint64) {
 	k := kept(key)
-	if h.crowd.crowded() {
-		if hk = h.seen.hash(k); !h.held.may(hk) {
-			return nil, hk
-		}
+	hk = h.seen.hash(k)
+	crowded := h.crowd.crowded()
+	if crowded && !h.held.may(hk) {
+		return nil, hk
 	}
-	if c := h.indexed(k); c != nil {
+	if c := h.indexed(k, hk); c != nil {
 		return c, hk
+	}
+	if !crowded && !h.held.may(hk) {
+		return nil, hk
 	}
 	c, ok := h.table.Get(k)
 	if !ok {
@@ -98,13 +105,13 @@ func kept(key string) string {
 	return key
 }
 
-// indexed returns the counter of the key kept as k from the index, or nil.
-func (h *Limiter) indexed(k string) *counter {
-	v, ok := h.index.Load(k)
-	if !ok {
+// indexed returns the counter of the key kept as k, of hash hk, from the
+// index, or nil.
+func (h *Limiter) indexed(k string, hk uint64) *counter {
+	c := h.index.load(k, hk)
+	if c == nil {
 		return nil
 	}
-	c := v.(*counter)
 	if !c.touched.Load() {
 		c.touched.Store(true)
 		h.table.Get(k)
@@ -118,11 +125,11 @@ func (h *Limiter) used(c *counter) {
 	if c.dead.Load() {
 		return
 	}
-	h.index.Store(c.key, c)
+	h.index.store(c)
 	if c.dead.Load() {
 		// Dropped meanwhile: whoever dropped it (marked it dead, then
 		// took it out of the index) may have looked before the store.
-		h.index.CompareAndDelete(c.key, c)
+		h.index.compareAndDelete(c)
 	}
 }
 
@@ -130,9 +137,9 @@ func (h *Limiter) used(c *counter) {
 // idle), dead: out of the held filter, and out of the index unless the
 // key has a newer counter there.
 func (h *Limiter) left(c *counter) {
-	h.held.add(h.seen.hash(c.key), -1)
+	h.held.add(c.hash, -1)
 	c.dead.Store(true)
-	h.index.CompareAndDelete(c.key, c)
+	h.index.compareAndDelete(c)
 }
 
 // evicted is the key table's eviction callback: the counter's leases go

@@ -62,10 +62,10 @@ type Limiter struct {
 	clk   *serverClock
 
 	table  *local.Table[*counter]
-	seen   *seen      // keys decided without a counter (first.go)
-	held   held       // the keys the table holds, by hash (keys.go)
-	crowd  crowd      // how many calls the round trips decisions wait on carry (first.go)
-	index  gosync.Map // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup)
+	seen   *seen    // keys decided without a counter (first.go)
+	held   held     // the keys the table holds, by hash (keys.go)
+	crowd  crowd    // how many calls the round trips decisions wait on carry (first.go)
+	index  keyIndex // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup, index.go)
 	syncer *bgsync.Syncer[*counter]
 	wheel  wheel   // visits the syncer scheduled
 	asks   *router // decisions' calls, sent in shared pipelines per Redis node
