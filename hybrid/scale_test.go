@@ -579,6 +579,26 @@ func parseCommandStats(info string) map[string][2]int64 {
 func hammerRandom(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration, tl, tries *tally) (allowed, denied int64) {
 	t.Helper()
 	var a, dn atomic.Int64
+	randomDecisions(t, lims, keys, workers, d, func(key string, dec ratelimit.Decision, start time.Time) {
+		if tries != nil {
+			tries.add(key, dec, 1, start)
+		}
+		if dec.Allowed {
+			a.Add(1)
+			tl.add(key, dec, 1, start)
+		} else {
+			dn.Add(1)
+		}
+	})
+	return a.Load(), dn.Load()
+}
+
+// randomDecisions runs workers goroutines per limiter, each deciding one
+// unit of a key chosen uniformly at random (xorshift, a seed per worker)
+// until d has passed, and calls each with every decision and when its call
+// began. An error fails the test and ends its worker.
+func randomDecisions(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration, each func(key string, dec ratelimit.Decision, start time.Time)) {
+	t.Helper()
 	var wg sync.WaitGroup
 	stop := time.Now().Add(d)
 	for li, l := range lims {
@@ -597,21 +617,12 @@ func hammerRandom(t *testing.T, lims []ratelimit.Limiter, keys []string, workers
 						t.Errorf("AllowN: %v", err)
 						return
 					}
-					if tries != nil {
-						tries.add(key, dec, 1, start)
-					}
-					if dec.Allowed {
-						a.Add(1)
-						tl.add(key, dec, 1, start)
-					} else {
-						dn.Add(1)
-					}
+					each(key, dec, start)
 				}
 			}(l, uint64(li*workers+w+1)*0x9E3779B97F4A7C15)
 		}
 	}
 	wg.Wait()
-	return a.Load(), dn.Load()
 }
 
 // On a Cluster, cold keys' exact calls go to each key's master in a
@@ -732,38 +743,16 @@ func TestColdKeysClusterAlgorithms(t *testing.T) {
 func hammerTimes(t *testing.T, lims []ratelimit.Limiter, keys []string, workers int, d time.Duration) (at map[string][]time.Duration) {
 	t.Helper()
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var errs atomic.Int64
 	at = map[string][]time.Duration{}
-	start := time.Now()
-	stop := start.Add(d)
-	for li, l := range lims {
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func(l ratelimit.Limiter, x uint64) {
-				defer wg.Done()
-				for time.Now().Before(stop) {
-					x ^= x << 13 // xorshift64
-					x ^= x >> 7
-					x ^= x << 17
-					key := keys[x%uint64(len(keys))]
-					dec, err := l.AllowN(context.Background(), key, 1)
-					if err != nil {
-						errs.Add(1)
-						return
-					}
-					if dec.Allowed {
-						e := time.Since(start)
-						mu.Lock()
-						at[key] = append(at[key], e)
-						mu.Unlock()
-					}
-				}
-			}(l, uint64(li*workers+w+1)*0x9E3779B97F4A7C15)
+	begun := time.Now()
+	randomDecisions(t, lims, keys, workers, d, func(key string, dec ratelimit.Decision, _ time.Time) {
+		if dec.Allowed {
+			e := time.Since(begun)
+			mu.Lock()
+			at[key] = append(at[key], e)
+			mu.Unlock()
 		}
-	}
-	wg.Wait()
-	require.Zero(t, errs.Load(), "AllowN errors")
+	})
 	for _, ts := range at {
 		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
 	}
