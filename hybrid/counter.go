@@ -48,8 +48,11 @@ type counter struct {
 
 	next  *lease // quota of the next window, leased ahead of it
 	debts []debt
-	old   []*lease   // replaced since the last tick: their counts are folded at the next one
-	out   *leaseCall // the key's outstanding lease call, if any (see leaseCall)
+	// kept: the debts are refunds kept for the key's next call (see
+	// keepRefunds), which no tick needs to send.
+	kept bool
+	old  []*lease   // replaced since the last tick: their counts are folded at the next one
+	out  *leaseCall // the key's outstanding lease call, if any (see leaseCall)
 
 	nextIdx int64 // the lowest window an estimated lease may take
 	// What the last window seen of this key is known to have: its index,
@@ -263,11 +266,20 @@ func (lc *lockedCounter) retireAll(p *params, now int64, f fleet) bool {
 	return len(lc.debts) > 0 || lc.out != nil
 }
 
-// owe records quota owed for window idx.
+// awaitsTick reports whether the key needs the syncer's next tick: it
+// owes Redis what a tick sends (refunds kept for its next call excepted,
+// while it is in the table), or its call waits for a reply (resent at the
+// tick if it was lost).
+func (lc *lockedCounter) awaitsTick() bool {
+	return len(lc.debts) > 0 && (!lc.kept || lc.dead.Load()) || lc.out != nil
+}
+
+// owe records quota owed for window idx (for a tick to send).
 func (lc *lockedCounter) owe(idx, refund, use int64) {
 	if refund == 0 && use == 0 {
 		return
 	}
+	lc.kept = false
 	for i := range lc.debts {
 		if lc.debts[i].idx == idx {
 			lc.debts[i].refund += refund

@@ -311,6 +311,16 @@ func TestSlidingRefundsKept(t *testing.T) {
 	if d := k.debts(); len(d) != 1 || d[0].idx != 10 || d[0].refund != 49 {
 		t.Fatalf("debts %+v; want the 49 units left unused kept for window 10", d)
 	}
+	// kept, it waits for no tick: the syncer does not visit the key again
+	// for it (each such visit kept it again, until it was dropped)
+	awaits := func() bool {
+		lc := k.c.lock()
+		defer lc.unlock()
+		return lc.awaitsTick()
+	}
+	if awaits() {
+		t.Errorf("a key owing only a kept refund awaits the next tick")
+	}
 	// the key's next call carries it
 	lc := k.c.lock()
 	call := lc.ask(k.p, k.id(), 1, quiet+time.Millisecond.Nanoseconds(), k.f)
@@ -318,10 +328,30 @@ func TestSlidingRefundsKept(t *testing.T) {
 	if len(call.win.Adjust) != 1 || call.win.Adjust[0].Refund != 49 {
 		t.Errorf("the next call carries %+v; want the refund of 49", call.win.Adjust)
 	}
+	// a debt owed anew, or the key leaving the table, needs a tick again
+	for name, change := range map[string]func(lc *lockedCounter){
+		"a refund owed anew": func(lc *lockedCounter) { lc.owe(11, 1, 0) },
+		"out of the table":   func(lc *lockedCounter) { lc.dead.Store(true) },
+	} {
+		k = setup(100)
+		k.tick(quiet)
+		if awaits() {
+			t.Fatalf("%s: a kept refund awaits the next tick", name)
+		}
+		lc := k.c.lock()
+		change(lc)
+		lc.unlock()
+		if !awaits() {
+			t.Errorf("%s: the key's debts %+v await no tick", name, k.debts())
+		}
+	}
 
 	k = setup(600) // 400 free: near
 	if call, _, _ := k.tick(quiet); call == nil || len(call.win.Adjust) != 1 || call.win.Adjust[0].Refund != 49 {
 		t.Errorf("near the limit: call %+v; want the refund of 49 sent", call)
+	}
+	if !awaits() {
+		t.Errorf("near the limit: the refund's call on its way awaits no tick")
 	}
 	k = setup(100)
 	k.c.dead.Store(true)

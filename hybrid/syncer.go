@@ -52,7 +52,7 @@ func (h *Limiter) flush(ctx context.Context, batch []*counter) ([]*counter, erro
 	again := batch[:0]
 	for _, c := range batch {
 		lc := c.lock()
-		owes := len(lc.debts) > 0 || lc.out != nil
+		owes := lc.awaitsTick()
 		holds := lc.cur.Load() != nil || lc.next != nil
 		lc.unlock()
 		switch {
