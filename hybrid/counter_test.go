@@ -750,6 +750,59 @@ func TestBucketLeftToRefill(t *testing.T) {
 	}
 }
 
+// A quiet bucket key keeps its lease for up to two periods less two ticks
+// while its bucket was last heard at least half full (bucketHold): a
+// decision after more than a period of quiet is taken in memory, and the
+// lease goes at a visit of its own, left to the refill, before the key
+// would leave the table. Under half full it goes after a period, given
+// back.
+func TestBucketHeldWhileFar(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		for _, c := range []struct {
+			name  string
+			level int64
+			held  bool
+		}{{"half full", 50, true}, {"under half", 49, false}} {
+			t.Run(alg.String()+"/"+c.name, func(t *testing.T) {
+				k := newKeyTest(t, tokens100, algorithm(alg))
+				now := 10*sec + 300*ms
+				call := k.ask(1, now)
+				k.reply(call, now, reply{bkt: script.BucketReply{Grant: 6, Level: c.level}})
+				k.mustTake(1, now)
+				k.c.lastUse.Store(now)
+				now += 1500 * ms // quiet for more than a period
+				call, _, _ = k.tick(now)
+				if !c.held {
+					if k.c.cur.Load() != nil || call == nil || call.bkt.Refund != 5 {
+						t.Fatalf("lease %v, call %+v; want the lease's 5 tokens given back", k.c.cur.Load(), call)
+					}
+					return
+				}
+				if call != nil || k.c.cur.Load() == nil {
+					t.Fatalf("call %+v, lease %v; want the lease kept, nothing sent", call, k.c.cur.Load())
+				}
+				k.mustTake(1, now) // in memory
+				k.c.lastUse.Store(now)
+				lc := k.c.lock()
+				if hold := lc.bucketHold(k.p, k.f); hold >= idlePeriods*k.p.periodNS {
+					t.Errorf("held for %v; want less than the %d periods after which the key leaves the table", time.Duration(hold), idlePeriods)
+				}
+				lc.unlock()
+				call, _, _ = k.tick(now + 1900*ms) // quiet for longer than its hold, not yet for two periods
+				if call != nil || k.c.cur.Load() != nil {
+					t.Fatalf("call %+v, lease %v; want the lease gone, its 4 tokens left to the refill", call, k.c.cur.Load())
+				}
+				lc = k.c.lock()
+				expired := lc.expired
+				lc.unlock()
+				if expired != 4 {
+					t.Errorf("%d tokens left to the refill, want 4", expired)
+				}
+			})
+		}
+	}
+}
+
 // A bucket's credit budget (optimistic mode) is per period of the
 // instance's clock, as a window's is per window.
 func TestBucketCreditBudget(t *testing.T) {

@@ -278,7 +278,8 @@ func (lc *lockedCounter) windowRate(p *params, now, least int64, f fleet) float6
 // interval (as the syncer keeps it: longer when its passes take long) for
 // a key used several times per interval; for a sparser key, four times its
 // mean time between requests (a key used at random at that rate is quiet
-// that long about once in 50 gaps), at most a period.
+// that long about once in 50 gaps), at most a period (for a bucket last
+// heard at least half full, longer: see bucketHold).
 func (lc *lockedCounter) idleGap(p *params, now int64, f fleet) int64 {
 	// Not shorter than the last tick's gap and an interval: a key is not
 	// judged quiet over a time the syncer itself did not run (the process
@@ -288,8 +289,12 @@ func (lc *lockedCounter) idleGap(p *params, now int64, f fleet) int64 {
 	// follows bursts: a process that was stalled and catches up uses its
 	// keys in bursts, and a burst's short gaps would make the next stall
 	// look like idleness.
-	if d := lc.windowRate(p, now, p.periodNS/2, f); d > 0 {
-		return max(gap, min(p.periodNS, int64(4*float64(p.periodNS)/d)))
+	most := p.periodNS
+	if p.bucket {
+		most = lc.bucketHold(p, f)
 	}
-	return max(gap, p.periodNS)
+	if d := lc.windowRate(p, now, p.periodNS/2, f); d > 0 {
+		return max(gap, min(most, int64(4*float64(p.periodNS)/d)))
+	}
+	return max(gap, most)
 }
