@@ -26,8 +26,8 @@ import (
 // plainRequest), for SlidingWindow a plain sliding call (plainsliding.go),
 // for a bucket the bucket script for its units (a bucket's "window" is
 // this instance's period). The key gets a counter only when the decision
-// needs one: when it is asked again within two windows (a FixedWindow
-// key; a SlidingWindow or bucket key only once asked twice in one window,
+// needs one: when it is asked again within two windows (a FixedWindow or
+// bucket key; a SlidingWindow key only once asked twice in one window,
 // when it would lease: see cold; seen tells, and the counter starts with
 // that use counted, so the key warms as it would have with a counter all
 // along),
@@ -98,8 +98,9 @@ func (s *seen) find(h uint64, idx, rate int64, need int) (seed, bool) {
 }
 
 // findFor is find, the key getting its counter for a record of the window
-// before only when carry (a FixedWindow key asked in two windows running
-// leases; a SlidingWindow key only once asked leaseAt times in one).
+// before only when carry (a FixedWindow or bucket key asked in two windows
+// running leases; a SlidingWindow key only once asked leaseAt times in
+// one).
 func (s *seen) findFor(h uint64, idx, rate int64, need int, carry bool) (seed, bool) {
 	fp := h & seenFP
 	b := s.slots[h&s.mask:][:seenWays]
@@ -194,7 +195,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	if hk == 0 { // (not hashed by find)
 		hk = h.seen.hash(k)
 	}
-	if sd, ok := h.seen.findFor(hk, idx, p.rate, need, fw && need <= leaseAt); ok {
+	if sd, ok := h.seen.findFor(hk, idx, p.rate, need, (fw || p.bucket) && need <= leaseAt); ok {
 		t.seed = sd // (with the remainder it saw: a fallback's credit is bounded by it)
 		return t
 	}

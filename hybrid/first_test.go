@@ -246,3 +246,48 @@ func TestFirstBucketDecisionNoCounter(t *testing.T) {
 		})
 	}
 }
+
+// A bucket key asked once in each of two of the instance's periods running
+// gets its counter and leases at the second ask, as a FixedWindow key
+// asked in two windows running does (a lease left unused is left to the
+// refill, no refund sent: see buckets.refill); asked once in a period and
+// then not in the next, it stays without one.
+func TestBucketAskedInTwoPeriodsLeases(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			c := srv.Client()
+			defer c.Close()
+			clk := &fakeClock{}
+			clk.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+			h, err := hybrid.New(c, ratelimit.PerSecond(1000), hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(1),
+				hybrid.WithAlgorithm(alg), hybrid.WithClock(clk.now))
+			require.NoError(t, err)
+			defer h.Close()
+			ctx := context.Background()
+			allow := func(key string) {
+				t.Helper()
+				d, err := h.Allow(ctx, key)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+			}
+			allow("k")
+			allow("quiet")
+			s := h.Stats()
+			require.Equal(t, uint64(2), s.ExactDecisions, "first decisions: exact calls")
+			require.Zero(t, s.KeysTracked, "no counter made")
+
+			clk.advance(time.Second) // the next period
+			allow("k")
+			require.Equal(t, 1, h.Stats().KeysTracked, "asked in two periods running: a counter")
+			require.Eventually(t, func() bool { return h.Stats().Leases == 1 }, 5*time.Second, time.Millisecond,
+				"asked in two periods running: a lease")
+			require.Equal(t, uint64(2), h.Stats().ExactDecisions, "the second ask leased, not an exact call")
+
+			clk.advance(time.Second) // "quiet" was not asked in the period between
+			allow("quiet")
+			require.Equal(t, uint64(3), h.Stats().ExactDecisions, "asked again after a period without: exact")
+			require.Equal(t, 1, h.Stats().KeysTracked)
+		})
+	}
+}
