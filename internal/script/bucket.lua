@@ -4,6 +4,18 @@
 -- (even below empty: an overdraft, paid back by the refill), and take a
 -- slice of the tokens the bucket holds now.
 --
+-- Tokens an instance holds are still the bucket's: at every moment the
+-- bucket plus what the instances hold is at most the capacity, so that no
+-- stretch of time admits more than Burst + Rate x its length. Each holder
+-- keeps a record in the hash KEYS[1] .. kind .. ':held' (field: the
+-- holder; value "tokens:deadline", microseconds): what it may hold, until
+-- when. The bucket refills only up to the capacity less the tokens the
+-- records hold, and a record that passes its deadline is dropped: its
+-- tokens are spent, and the bucket refills from there. A holder must not
+-- use its tokens after the deadline (it counts its own, shorter, from
+-- before it sent the call), and gives them back only while its record
+-- covers them: a refund beyond the record is dropped.
+--
 -- KEYS[1]  key base "<prefix>:{<tag>}:"
 -- ARGV[1]  "tb" or "gcra"
 -- ARGV[2]  the state's kind (script.Kind): the key is KEYS[1] .. kind
@@ -18,12 +30,22 @@
 -- ARGV[10] want: tokens wanted (0: none)   ARGV[11] min: the least worth having
 -- ARGV[12] refund: unused tokens to give back (never above the capacity)
 -- ARGV[13] use: tokens admitted without a grant, to take now even below empty
+-- ARGV[14] holder: the caller's name in the records ("": it holds nothing
+--          and its record, if any, is left as it is)
+-- ARGV[15] keep: tokens the holder keeps (the rest of its record was
+--          spent, or goes back as the refund); its record is then keep
+--          plus the grant
+-- ARGV[16] hold: microseconds the holder's record lasts from now
+-- ARGV[17] back: tokens decisions gave back (they used less than they
+--          took: a reservation settled smaller, say), whoever holds them:
+--          they go back to the bucket as far as it has room
 --
--- Returns {grant, level, retry, full, flag}: the tokens granted; the whole
--- tokens the bucket holds after the call (negative in an overdraft); when
--- grant < min, the microseconds until min tokens are in it; the
+-- Returns {grant, level, retry, full, flag, kept}: the tokens granted; the
+-- whole tokens the bucket holds after the call (negative in an overdraft);
+-- when grant < min, the microseconds until min tokens are in it; the
 -- microseconds until it is full; flag as the window lease script's (0
--- applied, 1 replayed, 2 resent and unknown: only the use applied).
+-- applied, 1 replayed, 2 resent and unknown: only the use applied); the
+-- tokens of keep the holder's record covers (-1: no record was written).
 local base, algo, kind = KEYS[1], ARGV[1], ARGV[2]
 local a3, a4, a5 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock(ARGV[6])
@@ -33,66 +55,118 @@ if n < 1 then n = 1 end
 local want, minimum = tonumber(ARGV[10]), tonumber(ARGV[11])
 if minimum < 1 then minimum = 1 end
 local refund, use = tonumber(ARGV[12]), tonumber(ARGV[13])
+local holder, keep = ARGV[14] or '', tonumber(ARGV[15] or '0') or 0
+local hold = tonumber(ARGV[16] or '0') or 0
+local back = tonumber(ARGV[17] or '0') or 0
 local key = base .. kind
+local hkey = key .. ':held'
 
--- The bucket as tokens: level (whole tokens, may be negative), and the
--- operations on it, whatever the algorithm.
-local level, take, write, retry_for, full
+-- The bucket as units u of capacity C, P units a token, refilled R units
+-- a microsecond: tb as stored; gcra with u = tau - d, P = T, R = 1.
+local C, P, R, u, ts, rrec, st
 if algo == 'tb' then
-  local R, P, C = a3, a4, a5
-  local st = redis.call('HMGET', key, 'u', 'ts', 'r')
-  local u, ts = tonumber(st[1] or ''), tonumber(st[2] or '')
+  R, P, C = a3, a4, a5
+  st = redis.call('HMGET', key, 'u', 'ts', 'r')
+  u, ts, rrec = tonumber(st[1] or ''), tonumber(st[2] or ''), st[3]
   if u == nil or ts == nil then u, ts = C, now end
-  if resent and nonce ~= '' and st[3] then
-    local r = st[3]
-    if string.sub(r, 1, #nonce) == nonce then
-      local g = tonumber(string.sub(r, #nonce + 1))
-      if g then return {g, fdiv(u, P), 0, 0, 1} end
+  if resent and nonce ~= '' and rrec then
+    if string.sub(rrec, 1, #nonce) == nonce then
+      local g = tonumber(string.sub(rrec, #nonce + 1))
+      if g then return {g, fdiv(u, P), 0, 0, 1, -1} end
     end
-  end
-  local add = 0
-  if now > ts then add = (now - ts) * R end
-  if add >= C - u then u = C else u = u + add end
-  if now > ts then ts = now end
-  level = function() return fdiv(u, P) end
-  take = function(t) u = u - t * P end
-  if not resent and refund > 0 then
-    u = u + refund * P
-    if u > C then u = C end
-  end
-  retry_for = function(t) return cdiv(t * P - u, R) end
-  full = function() return cdiv(C - u, R) end
-  write = function(rec)
-    if rec then
-      redis.call('HSET', key, 'u', u, 'ts', ts, 'r', rec)
-    else
-      redis.call('HSET', key, 'u', u, 'ts', ts)
-    end
-    local left = C - u
-    if left < 1 then left = 1 end
-    redis.call('PEXPIRE', key, expiry_ms(cdiv(left, R)))
   end
 else
-  local T, tau = a3, a4
-  local d = tat_delay(redis.call('GET', key), now) -- max(tat, now) - now
-  level = function() return fdiv(tau - d, T) end
-  take = function(t) d = d + t * T end
-  if not resent and refund > 0 then
-    d = d - refund * T
-    if d < 0 then d = 0 end
+  R, P, C = 1, a3, a4
+  u = C - tat_delay(redis.call('GET', key), now)
+end
+-- pure(s): the units at time s <= now by the refill alone
+local function pure(s)
+  if algo == 'tb' then
+    if s <= ts then return u end
+    local v = u + (s - ts) * R
+    if v > C then v = C end
+    return v
   end
-  retry_for = function(t) return t * T - (tau - d) end
-  full = function() return d end
-  write = function()
-    if d > 0 then
-      redis.call('SET', key, tat_string(now, d), 'PX', expiry_ms(d))
-    else
-      redis.call('DEL', key) -- full: the same as no state
-    end
-  end
+  local d = (C - u) + (now - s) -- tat - s
+  if d < 0 then d = 0 end
+  return C - d
 end
 
-if use > 0 then take(use) end
+-- The records, fields "h" .. holder in the hash, with three of their
+-- own: s the tokens the records hold, d a time no record ends before, x
+-- the latest deadline. Only once a record may have ended (d) are they all
+-- read: those past their deadline go, and s, d and x are counted again.
+local hf = 'h' .. holder
+local agg = redis.call('HMGET', hkey, 's', 'd', 'x', hf)
+local held, hmin, hmax = tonumber(agg[1] or '') or 0, tonumber(agg[2] or ''), tonumber(agg[3] or '') or 0
+local xread, rebuilt = hmax, false
+local function record(v) -- "tokens:deadline"
+  local sep = v and string.find(v, ':', 1, true)
+  if not sep then return 0, 0 end
+  return tonumber(string.sub(v, 1, sep - 1)) or 0, tonumber(string.sub(v, sep + 1)) or 0
+end
+local gone, gsum = {}, 0
+if hmin ~= nil and hmin <= now then
+  local recs = redis.call('HGETALL', hkey)
+  local names = {}
+  held, hmin, hmax, rebuilt = 0, nil, 0, true
+  for i = 1, #recs, 2 do
+    if string.sub(recs[i], 1, 1) == 'h' then
+      local t, dl = record(recs[i + 1])
+      if dl <= now then
+        gone[#gone + 1] = {t, dl}
+        gsum = gsum + t
+        names[#names + 1] = recs[i]
+      else
+        held = held + t
+        if hmin == nil or dl < hmin then hmin = dl end
+        if dl > hmax then hmax = dl end
+      end
+    end
+  end
+  if #names > 0 then redis.call('HDEL', hkey, unpack(names)) end
+end
+local own = 0
+if holder ~= '' then
+  local t, dl = record(agg[4])
+  if dl > now then own = t end
+end
+-- The refill under the cap, from the records as they were: each gone
+-- record lifted the cap at its deadline, from where the bucket was then.
+local capped = false
+if #gone > 0 or held > 0 then
+  table.sort(gone, function(x, y) return x[2] < y[2] end)
+  local h, v, s = held + gsum, nil, nil
+  for _, g in ipairs(gone) do
+    if v == nil then v = pure(g[2]) else v = v + (g[2] - s) * R end
+    if v > C - h * P then v = C - h * P end
+    if v > C then v = C end
+    s, h = g[2], h - g[1]
+  end
+  if v == nil then v = pure(now) else v = v + (now - s) * R end
+  if v > C then v = C end
+  if v > C - held * P then v = C - held * P end
+  u, capped = v, true
+else
+  u = pure(now)
+end
+if algo == 'tb' and now > ts then ts = now end
+
+-- What the holder keeps and gives back, as far as its record covers them.
+local kept = -1
+if holder ~= '' and not resent then
+  kept = keep
+  if kept > own then kept = own end
+  if kept < 0 then kept = 0 end
+  if refund > own - kept then refund = own - kept end
+end
+if not resent and refund + back > 0 then
+  u = u + (refund + back) * P
+  if u > C then u = C end
+end
+local function level() return fdiv(u, P) end
+
+if use > 0 then u = u - use * P end
 local grant, retry = 0, 0
 if not resent and want > 0 then
   local have = level()
@@ -101,25 +175,78 @@ if not resent and want > 0 then
     -- cascade of tiny grants: at least a quarter of the capacity shared
     -- by the instances
     local cap = fdiv(have, n)
-    local capacity = a5 / a4 -- tb: C / P = B
-    if algo ~= 'tb' then capacity = fdiv(a4, a3) end -- gcra: tau / T = B
-    local tail = cdiv(capacity, 4 * n)
+    local tail = cdiv(fdiv(C, P), 4 * n)
     if cap < tail then cap = tail end
     grant = want
     if grant > cap then grant = cap end
     if grant > have then grant = have end
     if grant < minimum then grant = minimum end
-    take(grant)
+    u = u - grant * P
   else
-    retry = retry_for(minimum)
+    retry = cdiv(minimum * P - u, R)
     if retry < 1 then retry = 1 end
   end
 end
-if (use > 0 or grant > 0 or (refund > 0 and not resent)) then
-  local rec = nil
-  if nonce ~= '' and not resent then rec = nonce .. grant end
-  write(rec)
+
+-- The holder's record: what it keeps and what of the grant it holds. (d
+-- stays at or before every deadline: a record pushed on or gone leaves
+-- it early, and the records are read again then. The hash lives until x,
+-- a hold past the latest deadline when it was set: one PEXPIRE a hold.)
+local dset, xset = nil, nil
+if kept >= 0 then
+  local mine = kept + grant
+  held = held - own + mine
+  if mine > 0 then
+    local dl = now + hold
+    if hmin == nil or dl < hmin then hmin, dset = dl, dl end
+    if dl > hmax then hmax, xset = dl + hold, dl + hold end
+    if rebuilt or xset then
+      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held, 'd', hmin, 'x', hmax)
+    elseif dset then
+      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held, 'd', hmin)
+    else
+      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held)
+    end
+    rebuilt = false
+  elseif own > 0 then
+    redis.call('HDEL', hkey, hf)
+    if held > 0 then redis.call('HSET', hkey, 's', held) end
+    rebuilt = rebuilt or held <= 0
+  end
+  capped = true
 end
+if rebuilt then
+  if held <= 0 then
+    redis.call('DEL', hkey) -- no record holds a token (none holds 0)
+  else
+    redis.call('HSET', hkey, 's', held, 'd', hmin, 'x', hmax)
+  end
+end
+if xset and held > 0 then redis.call('PEXPIRE', hkey, expiry_ms(xset - now)) end
+if held > 0 and u > C - held * P then u = C - held * P end
+
+if capped or use > 0 or grant > 0 or (refund + back > 0 and not resent) then
+  if algo == 'tb' then
+    if nonce ~= '' and not resent then rrec = nonce .. grant else rrec = nil end
+    if rrec then
+      redis.call('HSET', key, 'u', u, 'ts', ts, 'r', rrec)
+    else
+      redis.call('HSET', key, 'u', u, 'ts', ts)
+    end
+    local left = C - u
+    if left < 1 then left = 1 end
+    redis.call('PEXPIRE', key, expiry_ms(cdiv(left, R)))
+  else
+    local d = C - u
+    if d > 0 then
+      redis.call('SET', key, tat_string(now, d), 'PX', expiry_ms(d))
+    else
+      redis.call('DEL', key) -- full: the same as no state
+    end
+  end
+end
+local full = cdiv(C - u, R)
+if full < 0 then full = 0 end
 local flag = 0
 if resent then flag = 2 end
-return {grant, level(), retry, full(), flag}
+return {grant, level(), retry, full, flag, kept}

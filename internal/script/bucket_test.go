@@ -2,9 +2,11 @@ package script_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -112,4 +114,90 @@ func TestBucketLeaseResend(t *testing.T) {
 	require.True(t, lost.Unknown)
 	require.Zero(t, lost.Grant)
 	require.EqualValues(t, 33, lost.Level)
+}
+
+// Tokens a holder keeps are still the bucket's: the bucket refills only to
+// the capacity less what the records hold, a refund counts only as far as
+// the holder's record covers it, and a record past its deadline goes, its
+// tokens spent: the bucket refills from where it stood then, not as if
+// they had never been taken. On Redis, and on miniredis (the embedded
+// default of the demos).
+func TestBucketHeld(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := srv.Client()
+	defer rc.Close()
+	mc := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	defer mc.Close()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		c    *redis.Client
+		alg  ratelimit.Algorithm
+	}{{"redis", rc, ratelimit.TokenBucket}, {"redis", rc, ratelimit.GCRA}, {"miniredis", mc, ratelimit.TokenBucket}, {"miniredis", mc, ratelimit.GCRA}} {
+		c, alg := tc.c, tc.alg
+		t.Run(tc.name+"/"+alg.String(), func(t *testing.T) {
+			lim := ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 40} // 10 tokens a second, 40 at most
+			base, err := script.KeyBase("held-"+alg.String(), "k")
+			require.NoError(t, err)
+			t0 := int64(1_700_000_000) * sec
+			call := func(a script.BucketArgs) script.BucketReply {
+				t.Helper()
+				a.Base, a.Algorithm, a.Limit = base, alg, lim
+				if a.Instances == 0 {
+					a.Instances = 1
+				}
+				if a.Holder != "" && a.HoldUS == 0 {
+					a.HoldUS = 2 * sec
+				}
+				v, err := script.Bucket.Run(ctx, c, a.Keys(), a.Args()...).Result()
+				require.NoError(t, err)
+				r, err := script.ParseBucket(v)
+				require.NoError(t, err)
+				return r
+			}
+			held := base + script.Kind(alg, lim) + ":held"
+			// A takes 10 of the full 40 and holds them until t0+2s
+			r := call(script.BucketArgs{Now: t0, Want: 100, Min: 1, Instances: 4, Holder: "A"})
+			require.EqualValues(t, 10, r.Grant)
+			require.EqualValues(t, 30, r.Level)
+			require.Zero(t, r.Kept)
+			require.Equal(t, "10:"+strconv.FormatInt(t0+2*sec, 10), c.HGet(ctx, held, "hA").Val())
+			require.Positive(t, c.PTTL(ctx, held).Val())
+			// a second on, A keeps its 10 till t0+3s: the bucket refills to
+			// 30, not 40, so that it and A's tokens are at most 40
+			r = call(script.BucketArgs{Now: t0 + sec, Holder: "A", Keep: 10, HoldUS: 2 * sec})
+			require.EqualValues(t, 10, r.Kept)
+			require.EqualValues(t, 30, r.Level)
+			r = call(script.BucketArgs{Now: t0 + 1*sec + 1, Want: 100, Min: 1, Holder: "B"})
+			require.EqualValues(t, 30, r.Grant, "the bucket less A's 10")
+			require.EqualValues(t, 0, r.Level)
+			// A spent 4, keeps 2 and gives 4 back; a refund beyond its record
+			// is dropped
+			r = call(script.BucketArgs{Now: t0 + 1*sec + 2, Holder: "A", Keep: 2, Refund: 100})
+			require.EqualValues(t, 2, r.Kept)
+			require.EqualValues(t, 8, r.Level, "its record covers 10: 2 kept, 8 back")
+			// without a holder, a call leaves the records as they are
+			r = call(script.BucketArgs{Now: t0 + 1*sec + 3, Want: 1, Min: 1})
+			require.EqualValues(t, 1, r.Grant)
+			require.EqualValues(t, -1, r.Kept)
+			require.Equal(t, "2:"+strconv.FormatInt(t0+3*sec+2, 10), c.HGet(ctx, held, "hA").Val())
+			// B's 30 (till t0+3s+1) and A's 2 pin the bucket at 8; past both
+			// deadlines it refills from 8 at 10 a second: 18 at t0+4s+2, not
+			// 40
+			r = call(script.BucketArgs{Now: t0 + 3*sec})
+			require.EqualValues(t, 8, r.Level, "pinned at 40 - 30 - 2")
+			r = call(script.BucketArgs{Now: t0 + 4*sec + 2})
+			require.EqualValues(t, 18, r.Level, "refilled from 8 once the records went")
+			require.Zero(t, c.HLen(ctx, held).Val(), "the records past their deadlines are gone")
+			// A's record is gone: what it says it keeps is not covered, and
+			// its refund counts for nothing
+			r = call(script.BucketArgs{Now: t0 + 4*sec + 3, Holder: "A", Keep: 2, Refund: 3})
+			require.Zero(t, r.Kept)
+			require.EqualValues(t, 18, r.Level)
+			// a resent call writes no record
+			r = call(script.BucketArgs{Now: t0 + 4*sec + 4, Holder: "A", Keep: 0, Want: 5, Min: 1, Resent: true})
+			require.EqualValues(t, -1, r.Kept)
+			require.Zero(t, c.HLen(ctx, held).Val())
+		})
+	}
 }

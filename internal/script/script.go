@@ -217,6 +217,18 @@ type BucketArgs struct {
 	Min       int64 // the least grant worth having (>= 1)
 	Refund    int64 // unused tokens to give back
 	Use       int64 // tokens admitted without a grant, to take even below empty
+
+	// Holder names the caller in the bucket's records of held tokens
+	// ("": the call holds nothing, and leaves its caller's record as it
+	// is). Its record becomes Keep, the tokens it keeps, plus the grant,
+	// until HoldUS microseconds from the call's time; it must not use them
+	// after that. See bucket.lua.
+	Holder string
+	Keep   int64
+	HoldUS int64
+	// Back: tokens decisions gave back (they used less than they took),
+	// whoever held them: unlike Refund, not bounded by a record.
+	Back int64
 }
 
 // Keys returns the KEYS of the call.
@@ -240,7 +252,7 @@ func (a *BucketArgs) Args() []any {
 		resent = 1
 	}
 	return []any{algo, Kind(a.Algorithm, a.Limit), x, y, z, now, a.Nonce, resent,
-		a.Instances, a.Want, a.Min, a.Refund, a.Use}
+		a.Instances, a.Want, a.Min, a.Refund, a.Use, a.Holder, a.Keep, a.HoldUS, a.Back}
 }
 
 // BucketReply is the reply of one Bucket call.
@@ -251,15 +263,19 @@ type BucketReply struct {
 	Full     int64 // microseconds until the bucket is full
 	Replayed bool  // see Reply.Replayed
 	Unknown  bool  // see Reply.Unknown
+	// Kept is how much of Keep the holder's record covers (less than Keep
+	// only when the record was gone: past its deadline), or -1 when no
+	// record was written (no Holder, or the call was resent).
+	Kept int64
 }
 
 // ParseBucket reads the reply of a Bucket call.
 func ParseBucket(v any) (BucketReply, error) {
-	f, err := ints(v, 5)
+	f, err := ints(v, 6)
 	if err != nil {
 		return BucketReply{}, err
 	}
-	return BucketReply{Grant: f[0], Level: f[1], Retry: f[2], Full: f[3], Replayed: f[4] == 1, Unknown: f[4] == 2}, nil
+	return BucketReply{Grant: f[0], Level: f[1], Retry: f[2], Full: f[3], Replayed: f[4] == 1, Unknown: f[4] == 2, Kept: f[5]}, nil
 }
 
 //go:embed take.lua
