@@ -33,7 +33,7 @@ func (lc *lockedCounter) apply(p *params, k *leaseCall, r reply, x exchange, f f
 	if k.bucket {
 		unknown = r.bkt.Unknown
 		if !unknown {
-			e.refunded += uint64(k.bkt.Refund)
+			e.refunded += uint64(k.bkt.Refund + k.bkt.Back)
 		}
 		e.reported += uint64(k.bkt.Use)
 	} else {

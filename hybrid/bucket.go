@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"time"
+
 	"github.com/hybridlimit/ratelimit/internal/breaker"
 	"github.com/hybridlimit/ratelimit/internal/script"
 )
@@ -9,12 +11,17 @@ import (
 //
 // An instance leases tokens from the key's bucket in Redis, the same state
 // a global limiter of the algorithm and limit decides on (bucket.lua): a
-// call takes at most a share of what the bucket holds, so the fleet never
-// consumes more than the bucket allows (Burst + Rate x elapsed) while Redis
-// answers, in strict mode. A lease of tokens does not end with a window: it
-// is topped up when it runs low and goes back when the key goes quiet (the
-// tokens an idle instance holds are the fleet's), leaves the table, or
-// Flush or Close drain. Its lease has window index 0 and no end.
+// call takes at most a share of what the bucket holds. The tokens out in
+// leases are still the bucket's: each Limiter keeps a record beside the
+// bucket of what it holds, until a deadline, and the bucket refills only to
+// its capacity less what the records hold (see hold); so the fleet never
+// admits more than the bucket allows (Burst + Rate x elapsed, over any
+// stretch of time) while Redis answers, in strict mode. A lease of tokens
+// does not end with a window: it is topped up when it runs low and goes
+// back when the key goes quiet (the tokens an idle instance holds are the
+// fleet's), leaves the table, or Flush or Close drain; it serves until its
+// record's deadline, which each of its calls pushes on. Its lease has
+// window index 0.
 //
 // Demand is measured over periods of the instance's own clock, and a lease
 // is sized to cover the key's demand over the next few ticks (bucketHorizon):
@@ -78,7 +85,8 @@ func (b buckets) horizon(now int64, f fleet) int64 {
 
 func (b buckets) ask(lc *lockedCounter, k *leaseCall, n, have, now int64, f fleet) {
 	a := &k.bkt
-	lc.attachBucketDebts(a)
+	lc.attachBucketDebts(a, true)
+	b.hold(lc, k, now, f)
 	a.Want, a.Min = lc.want(b.p, n, have, now, b.horizon(now, f), f), max(1, n-have)
 }
 
@@ -97,16 +105,18 @@ func (b buckets) release(lc *lockedCounter, t tickFacts, f fleet) {
 // refill reports whether the tokens lease l still holds, as its key went
 // quiet, are left to the bucket's refill rather than sent back: the bucket
 // was last heard at least half full, the tokens are no more than it
-// refills in a sync interval (so it has them again within a tick), and
-// nothing else of the key would go in the call (no credit, no debt).
+// refills in a sync interval, and nothing else of the key would go in the
+// call (no credit, no debt). The key's record in Redis keeps them off the
+// bucket's burst until its deadline (see hold), when they count as spent;
+// the bucket's rate is the same either way.
 // Such a key is one asked a few times and then not (the long tail): its
 // lease, at least a share of a quarter of the bucket (bucket.lua), goes
 // mostly unused, and a call to give it back cost about as much again as
 // the lease (the sim's TokenBucket cold row: 146 refund calls per 1,000
 // decisions; 1.04x per-request global with them, 1.22-1.26x without,
 // p99 3.1-3.2 to 1.8ms). In strict mode tokens not given back are never
-// an admission too many: at worst a burst right after is short of them
-// for the time the bucket takes to refill them. They count in
+// an admission too many: at worst a burst is short of them until the
+// record's deadline, and the bucket's refill from there. They count in
 // Stats().Expired. Flush, Close and a key leaving the table give all back.
 func (b buckets) refill(lc *lockedCounter, l *lease) bool {
 	if l.credit.Load() != 0 || len(lc.debts) > 0 {
@@ -139,12 +149,58 @@ func (lc *lockedCounter) bucketHold(p *params, f fleet) int64 {
 	return max(p.periodNS, idlePeriods*p.periodNS-2*max(p.interval, f.tickGap))
 }
 
+// holdNS is how long the record of a key's held tokens lasts (HoldUS), ns:
+// two periods (a key quiet that long leaves the table, and gives its
+// tokens back first), at least minHold and eight ticks. A key in use
+// renews its record before (fill) when no call of its own did: a key of
+// the long tail, asked about once a period, holds a lease for dozens of
+// decisions, and renews about once per minHold.
+func (b buckets) holdNS(f fleet) int64 {
+	return max(idlePeriods*b.p.periodNS, minHold, 8*max(b.p.interval, f.tickGap))
+}
+
+// minHold is the shortest record of held tokens, ns. A longer one costs
+// only while the bucket is near full: the tokens of a holder that crashed,
+// or that left a few to the refill (see refill), stay off the bucket's
+// burst until the record's deadline.
+const minHold = int64(10 * time.Second)
+
+// renewLead is how long before its lease's end a key in use renews the
+// record of its tokens (a call for nothing else, when no other goes).
+func (b buckets) renewLead() int64 { return 4 * b.p.interval }
+
+// hold makes k, the key's bucket call made at now, the Limiter's word on
+// the tokens it holds (bucket.lua): the bucket refills only to its
+// capacity less what the records of the holders say, so that the bucket
+// and the tokens out in leases are never more than the capacity (else a
+// stretch of time could admit the held tokens and a full bucket: more than
+// Burst + Rate x its length). Keep is what the lease in hand holds now (it
+// only shrinks until the reply: decisions take from it); the record
+// becomes Keep plus the grant, until HoldUS from when Redis runs the call,
+// and the lease serves until HoldUS from now, earlier (takeGrants). The
+// lease's recorded drops to Keep: a decision's units given back go into
+// the lease only while the record covers them (giveBack).
+func (b buckets) hold(lc *lockedCounter, k *leaseCall, now int64, f fleet) {
+	a := &k.bkt
+	a.Holder, a.HoldUS, a.Keep, k.built = b.p.holder, b.holdNS(f)/1000, 0, now
+	if l := lc.cur.Load(); l != nil {
+		if now < l.end() {
+			a.Keep = max(0, l.avail.Load())
+		} else {
+			lc.expired += max(0, l.avail.Swap(0)) // past its record's deadline: spent
+		}
+		l.recorded = min(l.recorded, a.Keep)
+	}
+}
+
 // fill: what is owed goes in one call, net (tokens are fungible); a key
-// in use whose lease runs low leases more.
+// in use whose lease runs low leases more, and one whose lease nears its
+// end renews its record (hold).
 func (b buckets) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 	a := &k.bkt
-	lc.attachBucketDebts(a)
+	lc.attachBucketDebts(a, true)
 	now := t.now
+	b.hold(lc, k, now, f)
 	active := !t.quiet || now-t.lastUse < t.gap
 	if !active || t.dead || f.draining || f.breaker == breaker.Open || now < lc.blockedUntil.Load() || !lc.warm(b.p, t, f) {
 		return // (a cold key is counted exactly: see exact.go)
@@ -156,6 +212,8 @@ func (b buckets) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 		}
 	case cur.avail.Load() < cur.low.Load():
 		a.Want = lc.want(b.p, 0, cur.avail.Load(), now, b.horizon(now, f), f)
+	case cur.end()-now <= b.renewLead() && cur.avail.Load() > 0:
+		k.renew = true
 	}
 }
 
@@ -163,8 +221,8 @@ func (b buckets) fill(lc *lockedCounter, k *leaseCall, t tickFacts, f fleet) {
 // quiet.
 func (b buckets) schedule(lc *lockedCounter, t tickFacts) int64 {
 	at := t.lastUse + idlePeriods*b.p.periodNS // idle
-	if lc.cur.Load() != nil {
-		at = min(at, t.lastUse+t.gap)
+	if cur := lc.cur.Load(); cur != nil {
+		at = min(at, t.lastUse+t.gap, cur.end()-b.renewLead())
 	}
 	return at
 }
@@ -174,6 +232,23 @@ func (b buckets) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 	var e effects
 	cur := lc.cur.Load()
 	lc.setLevel(cur, r.Level)
+	// The lease's end: this call's record covers what the lease kept (all
+	// it holds now) and the grant until HoldUS after Redis ran it, later
+	// than HoldUS after the call was made. A record that was gone (past
+	// its deadline: the lease's end had passed too) covers less: what the
+	// lease held is spent. A replayed call's record is not known here: the
+	// lease serves no longer than it did.
+	end := k.built + k.bkt.HoldUS*1000
+	if cur != nil {
+		switch {
+		case r.Kept < 0:
+			end = min(cur.end(), end)
+		case r.Kept < k.bkt.Keep:
+			lc.expired += max(0, cur.avail.Swap(0))
+		}
+		cur.until.Store(end)
+		cur.recorded = min(cur.recorded, max(0, r.Kept))
+	}
 	grant := r.Grant
 	if period := x.after / b.p.periodNS; grant > 0 && b.p.cautious(f, period*b.p.periodNS, (period+1)*b.p.periodNS) {
 		if kept := lc.afterOutage(b.p, period, grant, f); kept < grant {
@@ -191,11 +266,13 @@ func (b buckets) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 			lc.owe(0, grant, 0)
 			e.visit = visitNow
 		case cur == nil:
-			nl := lc.newLease(0, 0, noEnd, true)
+			nl := lc.newLease(0, 0, end, true)
 			nl.grow(grant)
+			nl.recorded = grant
 			lc.cur.Store(nl)
 		default:
 			cur.grow(grant)
+			cur.recorded += grant
 		}
 		lc.blockedUntil.Store(0)
 	case k.bkt.Want > 0 && r.Retry > 0:
@@ -204,18 +281,22 @@ func (b buckets) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 	return e
 }
 
-// attachBucketDebts moves what the key owes into bucket call a, net
-// (tokens are fungible).
-func (lc *lockedCounter) attachBucketDebts(a *script.BucketArgs) {
-	var refund, use int64
+// attachBucketDebts moves what the key owes into bucket call a: its
+// credit (Use) and what decisions gave back (Back); and with refunds, the
+// tokens its leases give back (Refund), which go only with what the key
+// keeps, in a call of the key's own (see buckets.hold). Not net: a refund
+// counts only as far as the key's record covers it, and credit counts
+// whatever.
+func (lc *lockedCounter) attachBucketDebts(a *script.BucketArgs, refunds bool) {
+	left := lc.debts[:0]
 	for _, d := range lc.debts {
-		refund += d.refund
-		use += d.use
+		a.Use += d.use
+		a.Back += d.back
+		if refunds {
+			a.Refund += d.refund
+		} else if d.refund > 0 {
+			left = append(left, debt{idx: d.idx, refund: d.refund})
+		}
 	}
-	lc.debts = lc.debts[:0]
-	if refund >= use {
-		a.Refund = refund - use
-	} else {
-		a.Use = use - refund
-	}
+	lc.debts = left
 }

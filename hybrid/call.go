@@ -19,6 +19,11 @@ type leaseCall struct {
 	win    script.LeaseArgs
 	bkt    script.BucketArgs
 	bucket bool
+	// built: mono ns the call was made at (before any attempt ran); a
+	// bucket call's record lasts from a later time (see buckets.hold).
+	built int64
+	// renew: a bucket call sent for its record's deadline alone
+	renew bool
 	// notRun: the last attempt certainly did not run (NOSCRIPT, no
 	// connection), so the call is sent again as new, not as resent.
 	notRun bool
@@ -125,7 +130,7 @@ func (lc *lockedCounter) ask(p *params, id callID, n, now int64, f fleet) *lease
 	}
 	// The grant adds to the lease in hand: n less what it holds will do.
 	var have int64
-	if l := lc.cur.Load(); l != nil && l.known && now < l.end {
+	if l := lc.cur.Load(); l != nil && l.known && now < l.end() {
 		have = max(0, l.avail.Load())
 	}
 	// What the key owes goes first: credit (an overdraft, say) is counted
@@ -202,7 +207,7 @@ func (k *leaseCall) resent() bool {
 // empty reports whether the call carries nothing worth sending.
 func (k *leaseCall) empty() bool {
 	if k.bucket {
-		return k.bkt.Refund == 0 && k.bkt.Use == 0 && k.bkt.Want == 0
+		return k.bkt.Refund == 0 && k.bkt.Use == 0 && k.bkt.Want == 0 && !k.renew
 	}
 	return len(k.win.Adjust) == 0 && k.win.Want == 0 && k.win.WantNext == 0
 }

@@ -120,7 +120,7 @@ func (lc *lockedCounter) counter() *counter { return (*counter)(lc) }
 // d, not returned: the hot path copies it once less.)
 func (c *counter) take(p *params, n, now int64, d *ratelimit.Decision) (l *lease, v visit, ok bool) {
 	l = c.cur.Load()
-	if l != nil && now < l.end {
+	if l != nil && now < l.end() {
 		for {
 			a := l.avail.Load()
 			if a < n {
@@ -140,9 +140,9 @@ func (c *counter) take(p *params, n, now int64, d *ratelimit.Decision) (l *lease
 		c.refused(p, n, now)
 		retry := max(until, c.blockedRetry.Load()) - now
 		*d = p.denied(retry, retry)
-		if l != nil && now < l.end {
+		if l != nil && now < l.end() {
 			d.Remaining = int(max(0, l.avail.Load()))
-			d.ResetAfter = time.Duration(l.end - now)
+			d.ResetAfter = time.Duration(l.end() - now)
 		}
 		return nil, visitSoon, true
 	}
@@ -190,7 +190,7 @@ const maxBlock = int64(1e9)
 // roll makes the lease taken ahead for the next window the one decisions
 // take from, once that window has begun. It reports whether it did.
 func (c *counter) roll(p *params, now int64, f fleet) (rolled bool, v visit) {
-	if l := c.cur.Load(); l != nil && now < l.end {
+	if l := c.cur.Load(); l != nil && now < l.end() {
 		return false, visitNone
 	}
 	lc := c.lock()
@@ -208,13 +208,13 @@ func (lc *lockedCounter) roll(p *params, now int64, f fleet) (rolled bool, v vis
 	}
 	cur := lc.cur.Load()
 	switch {
-	case cur != nil && cur.idx < nl.idx && now < cur.end:
+	case cur != nil && cur.idx < nl.idx && now < cur.end():
 		return false, visitNone // the current window still runs
 	case cur == nil && now < nl.start-f.clock.ErrorBound():
 		return false, visitNone
 	}
 	lc.next = nil
-	if cur != nil && cur.idx >= nl.idx || now >= nl.end {
+	if cur != nil && cur.idx >= nl.idx || now >= nl.end() {
 		// It cannot serve: a lease of its window is in hand, or its window
 		// is over too.
 		lc.retire(p, nl, now, f)
@@ -290,6 +290,29 @@ func (lc *lockedCounter) owe(idx, refund, use int64) {
 	lc.debts = append(lc.debts, debt{idx: idx, refund: refund, use: use})
 }
 
+// oweBack records n units a decision of window idx gives back (it used
+// less than it took), for a tick to send. A bucket's go as Back: the
+// tokens may be ones its record no longer covers (taken by an exact call,
+// or from a lease whose record a call since reported as spent), which a
+// refund would not return (see buckets.hold).
+func (lc *lockedCounter) oweBack(bucket bool, idx, n int64) {
+	if !bucket {
+		lc.owe(idx, n, 0)
+		return
+	}
+	if n == 0 {
+		return
+	}
+	lc.kept = false
+	for i := range lc.debts {
+		if lc.debts[i].idx == idx {
+			lc.debts[i].back += n
+			return
+		}
+	}
+	lc.debts = append(lc.debts, debt{idx: idx, back: n})
+}
+
 // oweCredit turns the credit of the current lease into a debt.
 func (lc *lockedCounter) oweCredit() {
 	if cur := lc.cur.Load(); cur != nil {
@@ -313,7 +336,8 @@ func (lc *lockedCounter) oweLate() {
 // last-known remainder survive the lease object: a lease made again for the
 // same window carries them.
 func (lc *lockedCounter) newLease(idx, start, end int64, known bool) *lease {
-	l := &lease{idx: idx, start: start, end: end, known: known}
+	l := &lease{idx: idx, start: start, known: known}
+	l.until.Store(end)
 	l.free.Store(unknownFree)
 	if idx == lc.spentIdx {
 		l.borrowed.Store(lc.spent)
@@ -426,7 +450,7 @@ func (lc *lockedCounter) creditShare(idx, per int64, f fleet) int64 {
 // creditLease returns the lease of the window now falls in, to hold credit,
 // making an empty one when the key has none.
 func (c *counter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
-	if l := c.cur.Load(); l != nil && now < l.end {
+	if l := c.cur.Load(); l != nil && now < l.end() {
 		return l, visitNone
 	}
 	lc := c.lock()
@@ -436,11 +460,11 @@ func (c *counter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
 
 // creditLease is counter.creditLease with the key locked.
 func (lc *lockedCounter) creditLease(p *params, now int64, f fleet) (*lease, visit) {
-	if l := lc.cur.Load(); l != nil && now < l.end {
+	if l := lc.cur.Load(); l != nil && now < l.end() {
 		return l, visitNone
 	}
 	_, v := lc.roll(p, now, f)
-	if l := lc.cur.Load(); l != nil && now < l.end {
+	if l := lc.cur.Load(); l != nil && now < l.end() {
 		return l, v
 	}
 	return p.policy.creditLease(lc, now, f), visitNow
@@ -512,7 +536,7 @@ func (c *counter) borrow(p *params, l *lease, b, n, now, share int64) (ratelimit
 // counts. Whether the decision took from the lease or on credit, the units
 // are the instance's to give: credit is reported to Redis all the same.
 func (lc *lockedCounter) giveBack(p *params, idx, n, now int64, f fleet) visit {
-	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end {
+	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end() && (!p.bucket || l.avail.Load()+n <= l.recorded) {
 		l.avail.Add(n)
 		return visitNone
 	}
@@ -520,7 +544,7 @@ func (lc *lockedCounter) giveBack(p *params, idx, n, now int64, f fleet) visit {
 		lc.expired += n
 		return visitNone
 	}
-	lc.owe(idx, n, 0)
+	lc.oweBack(p.bucket, idx, n)
 	return visitNow
 }
 
@@ -530,7 +554,7 @@ func (lc *lockedCounter) giveBack(p *params, idx, n, now int64, f fleet) visit {
 // reports the credit; Redis then counts the window over its limit (or the bucket below empty)
 // and grants nothing until it is paid back.
 func (c *counter) charge(p *params, n, now int64, f fleet) visit {
-	if l := c.cur.Load(); l != nil && now < l.end {
+	if l := c.cur.Load(); l != nil && now < l.end() {
 		for {
 			a := l.avail.Load()
 			t := min(a, n)

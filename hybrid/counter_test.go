@@ -34,6 +34,7 @@ type keyTest struct {
 func newKeyTest(t *testing.T, limit ratelimit.Limit, set ...func(*config)) *keyTest {
 	t.Helper()
 	cfg := defaultConfig()
+	cfg.holder = "me"
 	for _, s := range set {
 		s(&cfg)
 	}
@@ -661,7 +662,8 @@ func TestGrantOwedBack(t *testing.T) {
 var tokens100 = ratelimit.Limit{Rate: 100, Period: time.Second, Burst: 100}
 
 // A bucket leases tokens with no window: the lease lasts until the key
-// goes quiet, then its tokens go back, net of credit.
+// goes quiet, then its tokens go back, beside the credit; or until its
+// record in Redis ends (minHold after the call), whichever is first.
 func TestBucketLeaseAndGiveBack(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -670,6 +672,9 @@ func TestBucketLeaseAndGiveBack(t *testing.T) {
 			call := k.ask(1, now)
 			if !call.bucket || call.bkt.Want != 6 || call.bkt.Min != 1 { // minLease: 100/16
 				t.Fatalf("call %+v; want a bucket call for minLease of 6", call.bkt)
+			}
+			if call.bkt.Holder != "me" || call.bkt.Keep != 0 || call.bkt.HoldUS != minHold/1000 {
+				t.Fatalf("call %+v; want the holder's record: nothing kept, for minHold", call.bkt)
 			}
 			e := k.reply(call, now, reply{bkt: script.BucketReply{Grant: 6, Level: 94}})
 			if e.leases != 1 || e.leasedUnits != 6 {
@@ -680,8 +685,11 @@ func TestBucketLeaseAndGiveBack(t *testing.T) {
 			if d.Remaining != 99 || d.ResetAfter != 10*time.Millisecond {
 				t.Errorf("decision %+v; want 99 remaining, full in 10ms", d)
 			}
-			if _, _, ok := k.take(1, now+time.Hour.Nanoseconds()); !ok {
-				t.Error("a lease of tokens ended with time")
+			if _, _, ok := k.take(1, now+minHold-1); !ok {
+				t.Error("a lease of tokens ended before its record")
+			}
+			if _, _, ok := k.take(1, now+minHold); ok {
+				t.Error("a lease of tokens served past its record")
 			}
 			k.c.lastUse.Store(now)
 			if call, _, _ := k.tick(now + 50*ms); call != nil {
@@ -691,8 +699,8 @@ func TestBucketLeaseAndGiveBack(t *testing.T) {
 			lc.owe(0, 0, 2) // 2 tokens of credit to report
 			lc.unlock()
 			call, _, _ = k.tick(now + 2*sec) // quiet for longer than its idle gap
-			if call == nil || call.bkt.Refund != 4-2 || call.bkt.Use != 0 || call.bkt.Want != 0 {
-				t.Fatalf("tick call %+v; want the 4 tokens held back, net of the 2 of credit", call)
+			if call == nil || call.bkt.Refund != 4 || call.bkt.Use != 2 || call.bkt.Keep != 0 || call.bkt.Want != 0 {
+				t.Fatalf("tick call %+v; want the 4 tokens held back and the 2 of credit, nothing kept", call)
 			}
 			if k.c.cur.Load() != nil {
 				t.Error("the tokens stayed")
@@ -1141,7 +1149,9 @@ func TestExactCallSettles(t *testing.T) {
 
 // For SlidingWindow and the buckets, an exact call is a lease call for
 // exactly n units, from one instance's point of view (no share cap), with
-// no replay record, carrying what the key owes.
+// no replay record, carrying what the key owes; for a bucket, but its
+// refunds, which go only with what the key keeps (buckets.hold), and with
+// no record of held tokens: it holds none.
 func TestExactCallLeaseScripts(t *testing.T) {
 	now := 10*sec + 100*ms
 	k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
@@ -1156,11 +1166,15 @@ func TestExactCallLeaseScripts(t *testing.T) {
 	b := newKeyTest(t, tokens100, algorithm(ratelimit.GCRA))
 	lc = b.c.lock()
 	lc.owe(0, 5, 1)
+	lc.oweBack(true, 0, 2)
 	e = lc.newExact(b.p, b.id(), 3, now, now, b.f)
-	lc.unlock()
-	if a := e.call.bkt; !e.call.bucket || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Refund != 4 || a.Use != 0 {
+	if a := e.call.bkt; !e.call.bucket || a.Want != 3 || a.Min != 3 || a.Instances != 1 || a.Refund != 0 || a.Use != 1 || a.Back != 2 || a.Holder != "" {
 		t.Errorf("bucket: %+v", a)
 	}
+	if len(lc.debts) != 1 || lc.debts[0] != (debt{refund: 5}) {
+		t.Errorf("bucket debts %+v; want the refund of 5 left with the key", lc.debts)
+	}
+	lc.unlock()
 	e.answered(result{reply: reply{bkt: script.BucketReply{Grant: 3, Level: 50}}}, exchange{ok: true})
 	d, _, _ := b.c.decideExact(b.p, e, now, b.f)
 	if !d.Allowed || d.Remaining != 50 || d.ResetAfter != 500*time.Millisecond {

@@ -286,7 +286,7 @@ func (lc *lockedCounter) cold(p *params, n, now int64, f fleet) bool {
 	case idx - 1:
 		last = max(last, lc.asked)
 	}
-	if l := lc.cur.Load(); l != nil && l.known && now < l.end && l.avail.Load() > 0 {
+	if l := lc.cur.Load(); l != nil && l.known && now < l.end() && l.avail.Load() > 0 {
 		return false // it holds units of the window: a lease call adds what it lacks
 	}
 	if _, end := p.policy.window(lc, now, f); p.cautious(f, end-p.periodNS, end) {
@@ -382,9 +382,11 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 		return e
 	}
 	if e.call.bucket {
+		// (its refunds stay with the key: they go with what the key keeps,
+		// in the key's own call: see buckets.hold)
 		e.call.bkt.Want, e.call.bkt.Min, e.call.bkt.Instances = n, n, 1
-		e.owed = append(e.owed, lc.debts...)
-		lc.attachBucketDebts(&e.call.bkt)
+		lc.attachBucketDebts(&e.call.bkt, false)
+		e.owed = append(e.owed, debt{use: e.call.bkt.Use, back: e.call.bkt.Back})
 		return e
 	}
 	e.call.win.Want, e.call.win.Min, e.call.win.Instances = n, n, 1
@@ -404,7 +406,7 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 	v := visitNone
 	if e.res.err != nil {
-		for _, d := range e.owed {
+		for _, d := range e.owed { // (what it gave back is dropped)
 			if d.use > 0 {
 				lc.owe(d.idx, 0, d.use)
 				v = visitNow
@@ -425,7 +427,7 @@ func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 	}
 	if idx, units := e.counted(); units > 0 && (abandoned || !e.admitted()) {
 		// (a plain increment that landed over the limit gives its units back)
-		lc.owe(idx, units, 0)
+		lc.oweBack(e.call != nil && e.call.bucket, idx, units)
 		v = visitNow
 	}
 	return v
@@ -485,7 +487,9 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 			// next decisions are denied here (as after a denial).
 			c.block(1, now, end)
 		}
-		return d, &lease{idx: idx, start: end - p.periodNS, end: end, known: true}, v
+		l := &lease{idx: idx, start: end - p.periodNS, known: true}
+		l.until.Store(end)
+		return d, l, v
 	}
 	c.refused(p, n, now)
 	retry = max(retry, int64(time.Millisecond))

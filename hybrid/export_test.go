@@ -28,7 +28,7 @@ func CreditShare(h *Limiter, key string) int64 {
 	lc := c.lock()
 	defer lc.unlock()
 	idx, _ := f.clock.Window(now)
-	if l := lc.cur.Load(); l != nil && now < l.end {
+	if l := lc.cur.Load(); l != nil && now < l.end() {
 		idx = l.idx
 	}
 	return lc.creditShare(idx, h.p.localShare(f), f)

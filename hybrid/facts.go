@@ -27,6 +27,7 @@ type params struct {
 	useGrain int64 // resolution of counter.lastUse, ns
 	kind     string
 	prefix   string
+	holder   string // the Limiter's name in a bucket's records of held tokens
 	policy   policy // window or bucket leases
 }
 
@@ -47,6 +48,7 @@ func newParams(limit ratelimit.Limit, cfg config) *params {
 		useGrain: max(int64(time.Millisecond), int64(limit.Period)/32),
 		kind:     script.Kind(cfg.algorithm, limit),
 		prefix:   cfg.prefix,
+		holder:   cfg.holder,
 	}
 	if p.bucket {
 		p.policy = buckets{p}
@@ -125,7 +127,7 @@ func (p *params) allowed(rem int64, l *lease, now int64) (d ratelimit.Decision) 
 // Decision: field by field, without a temporary (the hot path's).
 func (p *params) allowedInto(d *ratelimit.Decision, rem int64, l *lease, now int64) {
 	rem = min(rem, p.capacity)
-	reset := max(l.end-now, 0)
+	reset := max(l.end()-now, 0)
 	if p.bucket {
 		reset = p.bucketReset(rem)
 	}

@@ -63,7 +63,7 @@ func (c *counter) fallback(p *params, n, now int64, f fleet) (ratelimit.Decision
 		lc.noteBudget(idx, share)
 		share = lc.budgetLeft(idx, share)
 		d, l2, w, ok := lc.onCreditLocked(p, n, now, share, f)
-		end := l.end
+		end := l.end()
 		if !ok && p.bucket {
 			_, end = p.policy.window(lc, now, f) // the budget's next period
 		}

@@ -19,10 +19,14 @@ type lease struct {
 	free      atomic.Int64  // the window's remainder in Redis at the last reply; unknownFree if none
 	idx       int64         // window index: the window starts at idx x Period since the epoch (0 for a bucket)
 	start     int64         // mono ns of the window's start, by the best estimate
-	end       int64         // mono ns of the window's end, by the best estimate: the lease serves before it (noEnd for a bucket)
+	until     atomic.Int64  // mono ns the lease serves before (end): its window's end, by the best estimate; for a bucket, its tokens' deadline (see bucketHoldFor), pushed on by each reply
 	known     bool          // idx came from Redis (false: estimated, to hold credit)
+	recorded  int64         // buckets: avail never exceeds it, so the key's record in Redis covers avail (see buckets.hold); guarded by the key's mutex
 	pre       bool          // leased ahead of its window and not used yet; guarded by the key's mutex
 }
+
+// end is the mono time the lease serves before.
+func (l *lease) end() int64 { return l.until.Load() }
 
 // unknownFree is lease.free when no reply told the window's remainder.
 const unknownFree = math.MinInt64
@@ -36,6 +40,7 @@ type debt struct {
 	idx    int64
 	refund int64
 	use    int64
+	back   int64 // buckets: units decisions gave back (see oweBack)
 }
 
 // grow adds g units to l and sets its low-water mark: a quarter of what it
@@ -49,7 +54,7 @@ func (l *lease) grow(g int64) {
 // availAt returns what lease l holds for decisions at now: 0 for no lease
 // or one whose window ended.
 func availAt(l *lease, now int64) int64 {
-	if l == nil || now >= l.end {
+	if l == nil || now >= l.end() {
 		return 0
 	}
 	return max(0, l.avail.Load())

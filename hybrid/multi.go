@@ -391,7 +391,7 @@ func (c *counter) peek(p *params, n, now int64, f fleet) ratelimit.LimitState {
 		idx, end = p.policy.window(lc, now, f)
 	}
 	have := int64(0)
-	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end {
+	if l := lc.cur.Load(); l != nil && l.idx == idx && now < l.end() {
 		have = max(0, l.avail.Load())
 	}
 	free, known := lc.knownFree(idx)

@@ -79,6 +79,7 @@ type config struct {
 	breakerOpenFor  time.Duration
 	heartbeatEvery  time.Duration
 	instanceID      string
+	holder          string // names the Limiter's records of held tokens (see newConfig)
 	observer        func(Event)
 	clock           func() time.Time // WithClock; nil: time.Now and Redis TIME
 }
@@ -130,6 +131,13 @@ func newConfig(opts []Option) (config, error) {
 		}
 		cfg.instanceID = base64.RawURLEncoding.EncodeToString(b[:])
 	}
+	// The name this Limiter's records of held tokens go by (bucket.lua):
+	// its own, as Limiters of one process may share an instance id.
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return cfg, err
+	}
+	cfg.holder = cfg.instanceID + "." + base64.RawURLEncoding.EncodeToString(b[:])
 	return cfg, nil
 }
 

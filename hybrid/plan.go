@@ -98,9 +98,9 @@ func (lc *lockedCounter) nextVisit(p *params, t tickFacts) int64 {
 // gone quiet while its window has a while to run (see giveBackQuiet).
 func (w windows) release(lc *lockedCounter, t tickFacts, f fleet) {
 	now := t.now
-	if l := lc.cur.Load(); l != nil && (now >= l.end || t.dead || f.draining || (l.pre && now-max(t.lastUse, l.start) >= t.gap) || giveBackQuiet(w.p, l, t) <= now) {
+	if l := lc.cur.Load(); l != nil && (now >= l.end() || t.dead || f.draining || (l.pre && now-max(t.lastUse, l.start) >= t.gap) || giveBackQuiet(w.p, l, t) <= now) {
 		lc.cur.Store(nil)
-		if now >= l.end {
+		if now >= l.end() {
 			lc.nextIdx = max(lc.nextIdx, l.idx+1)
 		}
 		lc.retire(w.p, l, now, f)
@@ -127,7 +127,7 @@ func (w windows) release(lc *lockedCounter, t tickFacts, f fleet) {
 // back on a like rule: see buckets.release.)
 func giveBackQuiet(p *params, l *lease, t tickFacts) int64 {
 	at := max(t.lastUse, l.start) + p.useGrain + t.gap
-	if l.pre || !l.known || l.end-at < max(t.gap, maxBlock) || l.avail.Load() <= 0 {
+	if l.pre || !l.known || l.end()-at < max(t.gap, maxBlock) || l.avail.Load() <= 0 {
 		return math.MaxInt64
 	}
 	return at
@@ -233,7 +233,7 @@ func (w windows) schedule(lc *lockedCounter, t tickFacts) int64 {
 		}
 		at = min(at, giveBackQuiet(w.p, cur, t))
 		if w.p.alg == ratelimit.SlidingWindow {
-			at = min(at, cur.end)
+			at = min(at, cur.end())
 		}
 	}
 	if lc.next != nil {

@@ -47,8 +47,8 @@ type policy interface {
 type windows struct{ p *params }
 
 func (w windows) window(lc *lockedCounter, now int64, f fleet) (idx, end int64) {
-	if l := lc.cur.Load(); l != nil && l.known && now < l.end {
-		return l.idx, l.end
+	if l := lc.cur.Load(); l != nil && l.known && now < l.end() {
+		return l.idx, l.end()
 	}
 	return f.clock.Window(now)
 }

@@ -108,15 +108,40 @@ func (r *refLimiter) obsolete(idx, mono int64) bool {
 	return false
 }
 
-// installBucket applies a bucket call's reply read at mono.
-func (r *refLimiter) installBucket(want int64, rep script.BucketReply, mono int64) {
+// keep is what a bucket call made at mono says the lease keeps: what a
+// lease still serving holds.
+func (r *refLimiter) keep(mono int64) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cur != nil && mono < r.cur.end {
+		return max(0, r.cur.avail)
+	}
+	return 0
+}
+
+// installBucket applies a bucket call's reply read at mono, the call made
+// at built saying the lease kept keep, for a record of hold ns: the lease
+// serves until built + hold when the record covers what it kept; what it
+// kept is spent when the record covered less; a replayed call (Kept -1)
+// leaves the lease's end no later than it was.
+func (r *refLimiter) installBucket(want, keep, built, hold int64, rep script.BucketReply, mono int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.setLevel(r.cur, rep.Level)
+	end := built + hold
+	if r.cur != nil {
+		switch {
+		case rep.Kept < 0:
+			end = min(r.cur.end, end)
+		case rep.Kept < keep:
+			r.cur.avail = 0
+		}
+		r.cur.end = end
+	}
 	switch {
 	case rep.Grant > 0:
 		if r.cur == nil {
-			r.cur = &refLease{end: noEnd, known: true, free: unknownFree}
+			r.cur = &refLease{end: end, known: true, free: unknownFree}
 			if r.hasFree && r.freeIdx == 0 {
 				r.cur.free = r.freeVal
 			}
@@ -347,10 +372,10 @@ func realState(c *counter) state {
 	defer lc.unlock()
 	s := state{blocked: c.blockedUntil.Load(), cur: "-", next: "-"}
 	if l := c.cur.Load(); l != nil {
-		s.cur = leaseString(l.idx, l.avail.Load(), l.end, true)
+		s.cur = leaseString(l.idx, l.avail.Load(), l.end(), true)
 	}
 	if l := c.next; l != nil {
-		s.next = leaseString(l.idx, l.avail.Load(), l.end, true)
+		s.next = leaseString(l.idx, l.avail.Load(), l.end(), true)
 	}
 	m := map[int64][2]int64{}
 	for _, d := range c.debts {
@@ -381,9 +406,9 @@ func realTake(p *params, f fleet, c *counter, n, mono int64) outcome {
 	return o
 }
 
-func realInstallBucket(p *params, f fleet, c *counter, want int64, rep script.BucketReply, mono int64) {
+func realInstallBucket(p *params, f fleet, c *counter, want, keep, built, hold int64, rep script.BucketReply, mono int64) {
 	lc := c.lock()
-	k := &leaseCall{c: c, bucket: true, bkt: script.BucketArgs{Want: want}}
+	k := &leaseCall{c: c, bucket: true, built: built, bkt: script.BucketArgs{Want: want, Keep: keep, HoldUS: hold / 1000}}
 	p.policy.takeGrants(lc, k, &reply{bkt: rep}, exchange{before: mono, after: mono, ok: true}, f)
 	lc.unlock()
 }
@@ -432,9 +457,23 @@ func differential(t *testing.T, alg ratelimit.Algorithm) {
 					rep.Retry = 1 + rng.Int64N(p/1000)
 				}
 				want := g + rng.Int64N(2)
-				what = fmt.Sprintf("bucket reply %+v", rep)
-				realInstallBucket(pr, f, c, want, rep, mono)
-				ref.installBucket(want, rep, mono)
+				// the call was made a little before, keeping what the lease
+				// then held; its record covers that, or less (gone), or is
+				// not known (replayed)
+				built := max(0, mono-rng.Int64N(p/10)/1000*1000)
+				keep := ref.keep(built)
+				switch rng.IntN(8) {
+				case 0:
+					rep.Kept = -1
+				case 1:
+					rep.Kept = rng.Int64N(keep + 1)
+				default:
+					rep.Kept = keep
+				}
+				hold := 3 * p // (a record of three periods: leases end within the run)
+				what = fmt.Sprintf("bucket reply %+v (made at %d keeping %d)", rep, built, keep)
+				realInstallBucket(pr, f, c, want, keep, built, hold, rep, mono)
+				ref.installBucket(want, keep, built, hold, rep, mono)
 			case x < 75:
 				idx := mono / p
 				g := rng.Int64N(40)
