@@ -7,9 +7,9 @@
 -- Tokens an instance holds are still the bucket's: at every moment the
 -- bucket plus what the instances hold is at most the capacity, so that no
 -- stretch of time admits more than Burst + Rate x its length. Each holder
--- keeps a record in the hash KEYS[1] .. kind .. ':held' (field: the
--- holder; value "tokens:deadline", microseconds): what it may hold, until
--- when. The bucket refills only up to the capacity less the tokens the
+-- keeps a record of what it may hold, until when (microseconds): fields
+-- "h" .. holder and "e" .. holder of the TokenBucket's own hash, or of the
+-- hash KEYS[1] .. kind .. ':held' beside a GCRA's string. The bucket refills only up to the capacity less the tokens the
 -- records hold, and a record that passes its deadline is dropped: its
 -- tokens are spent, and the bucket refills from there. A holder must not
 -- use its tokens after the deadline (it counts its own, shorter, from
@@ -59,15 +59,18 @@ local holder, keep = ARGV[14] or '', tonumber(ARGV[15] or '0') or 0
 local hold = tonumber(ARGV[16] or '0') or 0
 local back = tonumber(ARGV[17] or '0') or 0
 local key = base .. kind
-local hkey = key .. ':held'
+local hf, ef = 'h' .. holder, 'e' .. holder
+-- the hash of the records: a TokenBucket's own state, a GCRA's beside it
+local hkey, agg, ai = key, nil, 4
 
 -- The bucket as units u of capacity C, P units a token, refilled R units
 -- a microsecond: tb as stored; gcra with u = tau - d, P = T, R = 1.
 local C, P, R, u, ts, rrec, st
 if algo == 'tb' then
   R, P, C = a3, a4, a5
-  st = redis.call('HMGET', key, 'u', 'ts', 'r')
+  st = redis.call('HMGET', key, 'u', 'ts', 'r', 's', 'd', 'x', hf, ef)
   u, ts, rrec = tonumber(st[1] or ''), tonumber(st[2] or ''), st[3]
+  agg = st
   if u == nil or ts == nil then u, ts = C, now end
   if resent and nonce ~= '' and rrec then
     if string.sub(rrec, 1, #nonce) == nonce then
@@ -78,6 +81,8 @@ if algo == 'tb' then
 else
   R, P, C = 1, a3, a4
   u = C - tat_delay(redis.call('GET', key), now)
+  hkey = key .. ':held'
+  agg, ai = redis.call('HMGET', hkey, 's', 'd', 'x', hf, ef), 1
 end
 -- pure(s): the units at time s <= now by the refill alone
 local function pure(s)
@@ -92,50 +97,52 @@ local function pure(s)
   return C - d
 end
 
--- The records, fields "h" .. holder in the hash, with three of their
--- own: s the tokens the records hold, d a time no record ends before, x
--- the latest deadline. Only once a record may have ended (d) are they all
--- read: those past their deadline go, and s, d and x are counted again.
-local hf = 'h' .. holder
-local agg = redis.call('HMGET', hkey, 's', 'd', 'x', hf)
-local held, hmin, hmax = tonumber(agg[1] or '') or 0, tonumber(agg[2] or ''), tonumber(agg[3] or '') or 0
+-- The records: fields "h" .. holder (its tokens) and "e" .. holder (its
+-- deadline) in their hash, with three of their own: s the tokens the
+-- records hold, d a time no record ends before, x the latest deadline.
+-- Only once a record may have ended (d) are they all read: those past
+-- their deadline go, and s, d and x are counted again.
+local held, hmin, hmax = tonumber(agg[ai] or '') or 0, tonumber(agg[ai + 1] or ''), tonumber(agg[ai + 2] or '') or 0
 local xread, rebuilt = hmax, false
-local function record(v) -- "tokens:deadline"
-  local sep = v and string.find(v, ':', 1, true)
-  if not sep then return 0, 0 end
-  return tonumber(string.sub(v, 1, sep - 1)) or 0, tonumber(string.sub(v, sep + 1)) or 0
-end
-local gone, gsum = {}, 0
+local gone, gsum = nil, 0
 if hmin ~= nil and hmin <= now then
   local recs = redis.call('HGETALL', hkey)
-  local names = {}
-  held, hmin, hmax, rebuilt = 0, nil, 0, true
+  local tok, dls, names = {}, {}, {}
   for i = 1, #recs, 2 do
-    if string.sub(recs[i], 1, 1) == 'h' then
-      local t, dl = record(recs[i + 1])
-      if dl <= now then
-        gone[#gone + 1] = {t, dl}
-        gsum = gsum + t
-        names[#names + 1] = recs[i]
-      else
-        held = held + t
-        if hmin == nil or dl < hmin then hmin = dl end
-        if dl > hmax then hmax = dl end
-      end
+    local c = string.sub(recs[i], 1, 1)
+    if c == 'h' then
+      tok[string.sub(recs[i], 2)] = tonumber(recs[i + 1]) or 0
+    elseif c == 'e' then
+      dls[string.sub(recs[i], 2)] = tonumber(recs[i + 1]) or 0
+    end
+  end
+  held, hmin, hmax, rebuilt, gone = 0, nil, 0, true, {}
+  for name, t in pairs(tok) do
+    local dl = dls[name] or 0
+    if dl <= now then
+      gone[#gone + 1] = {t, dl}
+      gsum = gsum + t
+      names[#names + 1] = 'h' .. name
+      names[#names + 1] = 'e' .. name
+    else
+      held = held + t
+      if hmin == nil or dl < hmin then hmin = dl end
+      if dl > hmax then hmax = dl end
     end
   end
   if #names > 0 then redis.call('HDEL', hkey, unpack(names)) end
 end
 local own = 0
 if holder ~= '' then
-  local t, dl = record(agg[4])
-  if dl > now then own = t end
+  local t, dl = tonumber(agg[ai + 3] or ''), tonumber(agg[ai + 4] or '')
+  if t and dl and dl > now then own = t end
 end
 -- The refill under the cap, from the records as they were: each gone
 -- record lifted the cap at its deadline, from where the bucket was then.
 local capped = false
-if #gone > 0 or held > 0 then
-  table.sort(gone, function(x, y) return x[2] < y[2] end)
+if gone or held > 0 then
+  gone = gone or {}
+  if #gone > 1 then table.sort(gone, function(x, y) return x[2] < y[2] end) end
   local h, v, s = held + gsum, nil, nil
   for _, g in ipairs(gone) do
     if v == nil then v = pure(g[2]) else v = v + (g[2] - s) * R end
@@ -190,52 +197,64 @@ end
 
 -- The holder's record: what it keeps and what of the grant it holds. (d
 -- stays at or before every deadline: a record pushed on or gone leaves
--- it early, and the records are read again then. The hash lives until x,
--- a hold past the latest deadline when it was set: one PEXPIRE a hold.)
-local dset, xset = nil, nil
+-- it early, and the records are read again then. The hash lives at least
+-- until x, set a hold past the latest deadline: one PEXPIRE a hold.)
+local rf, rdel, clear, xset = nil, nil, false, nil
 if kept >= 0 then
   local mine = kept + grant
   held = held - own + mine
   if mine > 0 then
     local dl = now + hold
-    if hmin == nil or dl < hmin then hmin, dset = dl, dl end
-    if dl > hmax then hmax, xset = dl + hold, dl + hold end
-    if rebuilt or xset then
-      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held, 'd', hmin, 'x', hmax)
-    elseif dset then
-      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held, 'd', hmin)
-    else
-      redis.call('HSET', hkey, hf, string.format('%d:%d', mine, dl), 's', held)
+    rf = {hf, mine, ef, dl, 's', held}
+    if hmin == nil or dl < hmin or rebuilt then
+      if hmin == nil or dl < hmin then hmin = dl end
+      rf[7], rf[8] = 'd', hmin
     end
+    if dl > hmax then hmax, xset = dl + hold, dl + hold end
+    if xset or rebuilt then rf[#rf + 1] = 'x'; rf[#rf + 1] = hmax end
     rebuilt = false
   elseif own > 0 then
-    redis.call('HDEL', hkey, hf)
-    if held > 0 then redis.call('HSET', hkey, 's', held) end
+    rdel = true
+    if held > 0 then rf = {'s', held} end
     rebuilt = rebuilt or held <= 0
   end
   capped = true
 end
 if rebuilt then
-  if held <= 0 then
-    redis.call('DEL', hkey) -- no record holds a token (none holds 0)
-  else
-    redis.call('HSET', hkey, 's', held, 'd', hmin, 'x', hmax)
-  end
+  if held <= 0 then clear = true else rf = {'s', held, 'd', hmin, 'x', hmax} end
 end
-if xset and held > 0 then redis.call('PEXPIRE', hkey, expiry_ms(xset - now)) end
+if rdel then redis.call('HDEL', hkey, hf, ef) end
+if algo ~= 'tb' then
+  if clear then
+    redis.call('DEL', hkey) -- no record holds a token (none holds 0)
+  elseif rf then
+    redis.call('HSET', hkey, unpack(rf))
+  end
+  if xset and held > 0 then redis.call('PEXPIRE', hkey, expiry_ms(xset - now)) end
+elseif clear then
+  redis.call('HDEL', key, 's', 'd', 'x')
+end
 if held > 0 and u > C - held * P then u = C - held * P end
 
 if capped or use > 0 or grant > 0 or (refund + back > 0 and not resent) then
   if algo == 'tb' then
-    if nonce ~= '' and not resent then rrec = nonce .. grant else rrec = nil end
-    if rrec then
-      redis.call('HSET', key, 'u', u, 'ts', ts, 'r', rrec)
+    local rec = nil
+    if nonce ~= '' and not resent then rec = nonce .. grant end
+    if rf then
+      local f = {'u', u, 'ts', ts}
+      if rec then f[5], f[6] = 'r', rec end
+      for i = 1, #rf do f[#f + 1] = rf[i] end
+      redis.call('HSET', key, unpack(f))
+    elseif rec then
+      redis.call('HSET', key, 'u', u, 'ts', ts, 'r', rec)
     else
       redis.call('HSET', key, 'u', u, 'ts', ts)
     end
     local left = C - u
     if left < 1 then left = 1 end
-    redis.call('PEXPIRE', key, expiry_ms(cdiv(left, R)))
+    left = cdiv(left, R)
+    if held > 0 and hmax - now > left then left = hmax - now end -- (the records live as long)
+    redis.call('PEXPIRE', key, expiry_ms(left))
   else
     local d = C - u
     if d > 0 then
