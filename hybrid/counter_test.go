@@ -1283,3 +1283,64 @@ func TestLeastRemainder(t *testing.T) {
 	}
 	lc.unlock()
 }
+
+// A bucket lease serves until HoldUS after its call was made, and each
+// reply whose record covers what the lease kept pushes that on; a reply
+// whose record was gone (it covered less) leaves the lease's tokens
+// spent. A unit a decision gives back goes into the lease only while the
+// record covers it: once a call reported the lease smaller, it goes to the
+// bucket as Back.
+func TestBucketLeaseRecord(t *testing.T) {
+	k := newKeyTest(t, tokens100, algorithm(ratelimit.TokenBucket))
+	now := 10*sec + 300*ms
+	call := k.ask(1, now)
+	k.reply(call, now+ms, reply{bkt: script.BucketReply{Grant: 6, Level: 94, Kept: 0}})
+	if l := k.c.cur.Load(); l == nil || l.end() != now+minHold || l.recorded != 6 {
+		t.Fatalf("lease %+v; want one ending minHold after its call, its record 6", l)
+	}
+	k.mustTake(2, now+2*ms)
+	lc := k.c.lock()
+	if v := lc.giveBack(k.p, 0, 2, now+3*ms, k.f); v != visitNone || k.avail() != 6 {
+		t.Errorf("give back 2 of 6 recorded: visit %v, avail %d; want them in the lease", v, k.avail())
+	}
+	lc.unlock()
+	k.mustTake(3, now+4*ms)
+	// a top-up made at +1s keeps the 3 left: the record covers them
+	later := now + sec
+	lc = k.c.lock()
+	call = lc.ask(k.p, k.id(), 5, later, k.f)
+	lc.startFlight(call)
+	lc.unlock()
+	if call.bkt.Keep != 3 || call.bkt.Holder != "me" {
+		t.Fatalf("call %+v; want the lease's 3 kept", call.bkt)
+	}
+	lc = k.c.lock()
+	if v := lc.giveBack(k.p, 0, 3, later, k.f); v != visitNow || k.avail() != 3 || len(lc.debts) != 1 || lc.debts[0] != (debt{back: 3}) {
+		t.Errorf("give back 3 past the record: visit %v, avail %d, debts %+v; want them owed as Back", v, k.avail(), lc.debts)
+	}
+	lc.unlock()
+	k.reply(call, later+ms, reply{bkt: script.BucketReply{Grant: 5, Level: 80, Kept: 3}})
+	if l := k.c.cur.Load(); l.end() != later+minHold || k.avail() != 8 || l.recorded != 8 {
+		t.Errorf("lease end %v avail %d recorded %d; want pushed to minHold after the top-up, 8 held", time.Duration(l.end()), k.avail(), l.recorded)
+	}
+	// a call whose record was gone: the 8 kept are spent, the grant serves
+	lc = k.c.lock()
+	call = lc.ask(k.p, k.id(), 20, later+2*ms, k.f)
+	lc.startFlight(call)
+	lc.unlock()
+	k.reply(call, later+3*ms, reply{bkt: script.BucketReply{Grant: 4, Level: 70, Kept: 0}})
+	if k.avail() != 4 {
+		t.Errorf("avail %d; want only the 4 granted", k.avail())
+	}
+	// past its end the lease serves nothing, and a call keeps nothing of it
+	end := k.c.cur.Load().end()
+	if _, _, ok := k.take(1, end); ok {
+		t.Error("the lease served past its record's deadline")
+	}
+	lc = k.c.lock()
+	call = lc.ask(k.p, k.id(), 1, end, k.f)
+	lc.unlock()
+	if call.bkt.Keep != 0 || k.avail() != 0 {
+		t.Errorf("call %+v, avail %d; want nothing kept of a lease past its end", call.bkt, k.avail())
+	}
+}
