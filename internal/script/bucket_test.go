@@ -23,6 +23,24 @@ func globalLimiter(c redis.UniversalClient, prefix string, alg ratelimit.Algorit
 		global.WithClock(func() time.Time { return time.UnixMicro(now) }))
 }
 
+// runBucket runs one Bucket call of a on base, with alg and lim, as one
+// instance unless a says more, wanting at least 1 when it wants anything.
+func runBucket(t *testing.T, c redis.UniversalClient, base string, alg ratelimit.Algorithm, lim ratelimit.Limit, a script.BucketArgs) script.BucketReply {
+	t.Helper()
+	a.Base, a.Algorithm, a.Limit = base, alg, lim
+	if a.Instances == 0 {
+		a.Instances = 1
+	}
+	if a.Want > 0 && a.Min == 0 {
+		a.Min = 1
+	}
+	v, err := script.Bucket.Run(context.Background(), c, a.Keys(), a.Args()...).Result()
+	require.NoError(t, err)
+	r, err := script.ParseBucket(v)
+	require.NoError(t, err)
+	return r
+}
+
 // The bucket lease script takes tokens from the state global's TokenBucket
 // and GCRA scripts keep, at most a share of what the bucket holds, gives
 // unused ones back (never above the capacity), and charges tokens admitted
@@ -40,18 +58,7 @@ func TestBucketLease(t *testing.T) {
 			t0 := int64(1_700_000_000) * sec
 			call := func(a script.BucketArgs) script.BucketReply {
 				t.Helper()
-				a.Base, a.Algorithm, a.Limit = base, alg, lim
-				if a.Instances == 0 {
-					a.Instances = 1
-				}
-				if a.Want > 0 && a.Min == 0 {
-					a.Min = 1
-				}
-				v, err := script.Bucket.Run(ctx, c, a.Keys(), a.Args()...).Result()
-				require.NoError(t, err)
-				r, err := script.ParseBucket(v)
-				require.NoError(t, err)
-				return r
+				return runBucket(t, c, base, alg, lim, a)
 			}
 			// a full bucket of 40: the first of 4 instances gets 10
 			r := call(script.BucketArgs{Now: t0, Want: 100, Instances: 4, Nonce: "aaaaaa"})
@@ -142,18 +149,10 @@ func TestBucketHeld(t *testing.T) {
 			t0 := int64(1_700_000_000) * sec
 			call := func(a script.BucketArgs) script.BucketReply {
 				t.Helper()
-				a.Base, a.Algorithm, a.Limit = base, alg, lim
-				if a.Instances == 0 {
-					a.Instances = 1
-				}
 				if a.Holder != "" && a.HoldUS == 0 {
 					a.HoldUS = 2 * sec
 				}
-				v, err := script.Bucket.Run(ctx, c, a.Keys(), a.Args()...).Result()
-				require.NoError(t, err)
-				r, err := script.ParseBucket(v)
-				require.NoError(t, err)
-				return r
+				return runBucket(t, c, base, alg, lim, a)
 			}
 			held := base + script.Kind(alg, lim) // the records: in a TokenBucket's own hash
 			if alg == ratelimit.GCRA {
