@@ -276,18 +276,22 @@ func (lc *lockedCounter) awaitsTick() bool {
 
 // owe records quota owed for window idx (for a tick to send).
 func (lc *lockedCounter) owe(idx, refund, use int64) {
-	if refund == 0 && use == 0 {
+	lc.oweDebt(debt{idx: idx, refund: refund, use: use})
+}
+
+// oweDebt adds d to what the key owes for d's window.
+func (lc *lockedCounter) oweDebt(d debt) {
+	if d.refund == 0 && d.use == 0 && d.back == 0 {
 		return
 	}
 	lc.kept = false
 	for i := range lc.debts {
-		if lc.debts[i].idx == idx {
-			lc.debts[i].refund += refund
-			lc.debts[i].use += use
+		if o := &lc.debts[i]; o.idx == d.idx {
+			o.refund, o.use, o.back = o.refund+d.refund, o.use+d.use, o.back+d.back
 			return
 		}
 	}
-	lc.debts = append(lc.debts, debt{idx: idx, refund: refund, use: use})
+	lc.debts = append(lc.debts, d)
 }
 
 // oweBack records n units a decision of window idx gives back (it used
@@ -296,21 +300,11 @@ func (lc *lockedCounter) owe(idx, refund, use int64) {
 // or from a lease whose record a call since reported as spent), which a
 // refund would not return (see buckets.hold).
 func (lc *lockedCounter) oweBack(bucket bool, idx, n int64) {
-	if !bucket {
+	if bucket {
+		lc.oweDebt(debt{idx: idx, back: n})
+	} else {
 		lc.owe(idx, n, 0)
-		return
 	}
-	if n == 0 {
-		return
-	}
-	lc.kept = false
-	for i := range lc.debts {
-		if lc.debts[i].idx == idx {
-			lc.debts[i].back += n
-			return
-		}
-	}
-	lc.debts = append(lc.debts, debt{idx: idx, back: n})
 }
 
 // oweCredit turns the credit of the current lease into a debt.
