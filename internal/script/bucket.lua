@@ -54,25 +54,31 @@ local n = tonumber(ARGV[9])
 if n < 1 then n = 1 end
 local want, minimum = tonumber(ARGV[10]), tonumber(ARGV[11])
 if minimum < 1 then minimum = 1 end
-local refund, use = tonumber(ARGV[12]), tonumber(ARGV[13])
+local refund, use = tonumber(ARGV[12] or '0') or 0, tonumber(ARGV[13] or '0') or 0
 local holder, keep = ARGV[14] or '', tonumber(ARGV[15] or '0') or 0
 local hold = tonumber(ARGV[16] or '0') or 0
 local back = tonumber(ARGV[17] or '0') or 0
 local key = base .. kind
 local hf, ef = 'h' .. holder, 'e' .. holder
--- the hash of the records: a TokenBucket's own state, a GCRA's beside it
-local hkey, agg, ai = key, nil, 4
+-- the hash of the records: a TokenBucket's own state, a GCRA's beside it;
+-- agg[ai..ai+2] its s, d and x, then (with a holder) the holder's record
+local hkey, agg, ai = key, nil, 3
 
 -- The bucket as units u of capacity C, P units a token, refilled R units
 -- a microsecond: tb as stored; gcra with u = tau - d, P = T, R = 1.
 local C, P, R, u, ts, rrec, st
 if algo == 'tb' then
   R, P, C = a3, a4, a5
-  st = redis.call('HMGET', key, 'u', 'ts', 'r', 's', 'd', 'x', hf, ef)
-  u, ts, rrec = tonumber(st[1] or ''), tonumber(st[2] or ''), st[3]
+  if holder ~= '' then
+    st = redis.call('HMGET', key, 'u', 'ts', 's', 'd', 'x', hf, ef)
+  else
+    st = redis.call('HMGET', key, 'u', 'ts', 's', 'd', 'x')
+  end
+  u, ts = tonumber(st[1] or ''), tonumber(st[2] or '')
   agg = st
   if u == nil or ts == nil then u, ts = C, now end
-  if resent and nonce ~= '' and rrec then
+  if resent and nonce ~= '' then rrec = redis.call('HGET', key, 'r') end
+  if rrec then
     if string.sub(rrec, 1, #nonce) == nonce then
       local g = tonumber(string.sub(rrec, #nonce + 1))
       if g then return {g, fdiv(u, P), 0, 0, 1, -1} end
@@ -82,7 +88,12 @@ else
   R, P, C = 1, a3, a4
   u = C - tat_delay(redis.call('GET', key), now)
   hkey = key .. ':held'
-  agg, ai = redis.call('HMGET', hkey, 's', 'd', 'x', hf, ef), 1
+  if holder ~= '' then
+    agg = redis.call('HMGET', hkey, 's', 'd', 'x', hf, ef)
+  else
+    agg = redis.call('HMGET', hkey, 's', 'd', 'x')
+  end
+  ai = 1
 end
 -- pure(s): the units at time s <= now by the refill alone
 local function pure(s)
@@ -103,7 +114,7 @@ end
 -- Only once a record may have ended (d) are they all read: those past
 -- their deadline go, and s, d and x are counted again.
 local held, hmin, hmax = tonumber(agg[ai] or '') or 0, tonumber(agg[ai + 1] or ''), tonumber(agg[ai + 2] or '') or 0
-local xread, rebuilt = hmax, false
+local rebuilt = false
 local gone, gsum = nil, 0
 if hmin ~= nil and hmin <= now then
   local recs = redis.call('HGETALL', hkey)
@@ -140,8 +151,7 @@ end
 -- The refill under the cap, from the records as they were: each gone
 -- record lifted the cap at its deadline, from where the bucket was then.
 local capped = false
-if gone or held > 0 then
-  gone = gone or {}
+if gone and #gone > 0 then
   if #gone > 1 then table.sort(gone, function(x, y) return x[2] < y[2] end) end
   local h, v, s = held + gsum, nil, nil
   for _, g in ipairs(gone) do
@@ -156,6 +166,10 @@ if gone or held > 0 then
   u, capped = v, true
 else
   u = pure(now)
+  if held > 0 then
+    if u > C - held * P then u = C - held * P end
+    capped = true
+  end
 end
 if algo == 'tb' and now > ts then ts = now end
 
@@ -171,12 +185,11 @@ if not resent and refund + back > 0 then
   u = u + (refund + back) * P
   if u > C then u = C end
 end
-local function level() return fdiv(u, P) end
 
 if use > 0 then u = u - use * P end
 local grant, retry = 0, 0
 if not resent and want > 0 then
-  local have = level()
+  local have = fdiv(u, P)
   if have >= minimum then
     -- at most this caller's share of what the bucket holds, but never a
     -- cascade of tiny grants: at least a quarter of the capacity shared
@@ -200,15 +213,18 @@ end
 -- it early, and the records are read again then. The hash lives at least
 -- until x, set a hold past the latest deadline: one PEXPIRE a hold.)
 local rf, rdel, clear, xset = nil, nil, false, nil
+local held0 = held -- (as stored in s, unless rebuilt)
 if kept >= 0 then
   local mine = kept + grant
   held = held - own + mine
   if mine > 0 then
     local dl = now + hold
-    rf = {hf, mine, ef, dl, 's', held}
+    rf = {ef, dl}
+    if mine ~= own then rf[3], rf[4] = hf, mine end -- (own: its live record)
+    if held ~= held0 or rebuilt then rf[#rf + 1] = 's'; rf[#rf + 1] = held end
     if hmin == nil or dl < hmin or rebuilt then
       if hmin == nil or dl < hmin then hmin = dl end
-      rf[7], rf[8] = 'd', hmin
+      rf[#rf + 1] = 'd'; rf[#rf + 1] = hmin
     end
     if dl > hmax then hmax, xset = dl + hold, dl + hold end
     if xset or rebuilt then rf[#rf + 1] = 'x'; rf[#rf + 1] = hmax end
@@ -253,8 +269,13 @@ if capped or use > 0 or grant > 0 or (refund + back > 0 and not resent) then
     local left = C - u
     if left < 1 then left = 1 end
     left = cdiv(left, R)
-    if held > 0 and hmax - now > left then left = hmax - now end -- (the records live as long)
-    redis.call('PEXPIRE', key, expiry_ms(left))
+    if held > 0 and hmax - now > left then
+      -- the records live as long: the key has lived until x since x was
+      -- set (held0 > 0), so only a new x needs a PEXPIRE
+      if held0 <= 0 or xset then redis.call('PEXPIRE', key, expiry_ms(hmax - now)) end
+    else
+      redis.call('PEXPIRE', key, expiry_ms(left))
+    end
   else
     local d = C - u
     if d > 0 then
@@ -268,4 +289,4 @@ local full = cdiv(C - u, R)
 if full < 0 then full = 0 end
 local flag = 0
 if resent then flag = 2 end
-return {grant, level(), retry, full, flag, kept}
+return {grant, fdiv(u, P), retry, full, flag, kept}

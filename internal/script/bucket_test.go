@@ -213,3 +213,50 @@ func TestBucketHeld(t *testing.T) {
 		})
 	}
 }
+
+// The records live as long as their deadlines say, and the bucket as long
+// as it takes to fill, though a call that moves no record's deadline past
+// the latest one sets no expiry: the key's time to live, set once a hold,
+// covers them.
+func TestBucketHeldKeyLives(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	defer c.Close()
+	ctx := context.Background()
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			lim := ratelimit.Limit{Rate: 10, Period: time.Second, Burst: 40}
+			base, err := script.KeyBase("lives-"+alg.String(), "k")
+			require.NoError(t, err)
+			state := base + script.Kind(alg, lim)
+			held := state
+			if alg == ratelimit.GCRA {
+				held += ":held"
+			}
+			t0 := int64(1_700_000_000) * sec
+			call := func(a script.BucketArgs) script.BucketReply {
+				t.Helper()
+				return runBucket(t, c, base, alg, lim, a)
+			}
+			// A holds 10 until t0+5s: the records' hash lives past t0+5s
+			call(script.BucketArgs{Now: t0, Want: 10, Min: 1, Holder: "A", HoldUS: 5 * sec})
+			require.Greater(t, c.PTTL(ctx, held).Val(), 5*time.Second)
+			// A's calls for the next 4 seconds move its deadline on, to at
+			// most t0+9s: the hash still lives past it
+			for i := int64(1); i <= 4; i++ {
+				r := call(script.BucketArgs{Now: t0 + i*sec, Want: 1, Min: 1, Holder: "A", Keep: 10, HoldUS: 5 * sec})
+				require.EqualValues(t, 10, r.Kept)
+			}
+			require.Greater(t, c.PTTL(ctx, held).Val(), 9*time.Second-4*time.Second,
+				"lives past t0+9s, seen from t0+4s")
+			// 300 admitted on credit: the bucket takes 30s and more to fill,
+			// and lives as long
+			call(script.BucketArgs{Now: t0 + 4*sec + 1, Use: 300})
+			require.Greater(t, c.PTTL(ctx, state).Val(), 30*time.Second)
+			// and a holder's call after that does not cut it short
+			call(script.BucketArgs{Now: t0 + 4*sec + 2, Holder: "A", Keep: 10, HoldUS: 5 * sec})
+			require.Greater(t, c.PTTL(ctx, state).Val(), 30*time.Second)
+			require.Greater(t, c.PTTL(ctx, held).Val(), 5*time.Second)
+		})
+	}
+}
