@@ -222,7 +222,14 @@ if not resent then
     end
   end
   if want_next > 0 and reset <= lead then
-    grant_next = size(want_next, 1, R - used(idx + 1))
+    local room = R - used(idx + 1)
+    if sw and e > 0 then
+      -- a sliding window's next window starts from this one weighted
+      -- whole: leave this one what it is on course to count still (its
+      -- count so far, at its pace so far, to its end)
+      room = room - cdiv(count(idx) * (P - e), e)
+    end
+    grant_next = size(want_next, 1, room)
     if grant_next > 0 then
       set(idx + 1, count(idx + 1) + grant_next)
       expire(idx + 1)

@@ -186,20 +186,24 @@ func TestLeaseSlidingWindow(t *testing.T) {
 	l := newLeaser(t, c, "sw", ratelimit.SlidingWindow, lim)
 	r := l.call(script.LeaseArgs{Now: t0 + sec/2, Want: 60})
 	require.EqualValues(t, 60, r.Grant)
-	// pre-lease: next may take 100 - 60 = 40
+	// pre-lease: next may take 100 - 60 = 40, less what the current
+	// window is on course to count still: 60 in 0.9s, 7 more in its last
+	// 0.1s
 	r = l.call(script.LeaseArgs{Now: t0 + 9*sec/10, WantNext: 100, Lead: sec})
-	require.EqualValues(t, 40, r.GrantNext)
-	require.EqualValues(t, 100, r.CountNext)
-	// now the current window cannot grow: curr + next = 100
-	r = l.call(script.LeaseArgs{Now: t0 + 9*sec/10 + 1, Want: 1})
+	require.EqualValues(t, 33, r.GrantNext)
+	require.EqualValues(t, 93, r.CountNext)
+	// the current window keeps those 7 (curr + next <= 100), and no more
+	r = l.call(script.LeaseArgs{Now: t0 + 9*sec/10 + 1, Want: 10})
+	require.EqualValues(t, 7, r.Grant)
+	r = l.call(script.LeaseArgs{Now: t0 + 9*sec/10 + 2, Want: 1})
 	require.Zero(t, r.Grant)
 	require.EqualValues(t, 100, r.Count)
-	// its retry lies in the next window: when 60 weighted decays to <= 59
-	require.Greater(t, r.Retry, sec/10-1)
-	// in the next window: est = 60 x (P - e) / P + 40
+	// its retry lies in the next window: when 67 weighted decays to <= 66
+	require.Greater(t, t0+9*sec/10+2+r.Retry, t0+sec)
+	// in the next window: est = 67 x (P - e) / P + 33
 	r = l.call(script.LeaseArgs{Now: t0 + sec + sec/2, Want: 100})
 	require.Equal(t, w+1, r.Idx)
-	require.EqualValues(t, 30, r.Grant, "100 - (60 x 0.5 + 40)")
+	require.EqualValues(t, 34, r.Grant, "100 - (67 x 0.5 + 33), the estimate rounded down")
 	// global's SlidingWindow honours the pre-leased counts too
 }
 
