@@ -283,7 +283,7 @@ func (b buckets) takeGrants(lc *lockedCounter, k *leaseCall, rep *reply, x excha
 
 // pollTokens is how many tokens, for each instance sharing a bucket, are
 // worth a round trip to a bucket that refused: see pollGap.
-var pollTokens = int64(8)
+const pollTokens = 8
 
 // pollGap is how long, at least, a key whose bucket refused it waits
 // before it asks again (its decisions are denied in memory meanwhile):

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridlimit/ratelimit"
@@ -24,16 +25,15 @@ func TestBucketAtLimitPollsForSeveralTokens(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			lim := ratelimit.Limit{Rate: 2000, Period: time.Second, Burst: 2000}
 			const instances = 4
-			prefix := uniq(t)
 			var hooks []*rtcount.Hook
-			var ls []ratelimit.Limiter
-			for i := 0; i < instances; i++ {
-				c, hk := hooked(t, srv)
-				h, err := hybrid.New(c, lim, hybrid.WithPrefix(prefix), hybrid.WithAlgorithm(alg), hybrid.WithInstances(instances))
-				require.NoError(t, err)
-				t.Cleanup(func() { h.Close() })
-				hooks, ls = append(hooks, hk), append(ls, h)
+			hooked := func() redis.UniversalClient {
+				c, hk := srv.Client(), &rtcount.Hook{}
+				c.AddHook(hk)
+				hooks = append(hooks, hk)
+				return c
 			}
+			_, ls := fleet(t, instances, hooked, lim,
+				hybrid.WithPrefix(uniq(t)), hybrid.WithAlgorithm(alg), hybrid.WithInstances(instances))
 			const d = 2 * time.Second
 			_, at := bucketRun(t, ls, 4, d)
 			rt := sumRT(hooks)

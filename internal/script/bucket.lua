@@ -9,12 +9,13 @@
 -- stretch of time admits more than Burst + Rate x its length. Each holder
 -- keeps a record of what it may hold, until when (microseconds): fields
 -- "h" .. holder and "e" .. holder of the TokenBucket's own hash, or of the
--- hash KEYS[1] .. kind .. ':held' beside a GCRA's string. The bucket refills only up to the capacity less the tokens the
--- records hold, and a record that passes its deadline is dropped: its
--- tokens are spent, and the bucket refills from there. A holder must not
--- use its tokens after the deadline (it counts its own, shorter, from
--- before it sent the call), and gives them back only while its record
--- covers them: a refund beyond the record is dropped.
+-- hash KEYS[1] .. kind .. ':held' beside a GCRA's string. The bucket
+-- refills only up to the capacity less the tokens the records hold, and a
+-- record that passes its deadline is dropped: its tokens are spent, and
+-- the bucket refills from there. A holder must not use its tokens after
+-- the deadline (it counts its own, shorter, from before it sent the call),
+-- and gives them back only while its record covers them: a refund beyond
+-- the record is dropped.
 --
 -- KEYS[1]  key base "<prefix>:{<tag>}:"
 -- ARGV[1]  "tb" or "gcra"
