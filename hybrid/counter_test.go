@@ -969,6 +969,40 @@ func TestNextVisit(t *testing.T) {
 	}
 }
 
+// A SlidingWindow lease whose window was last heard far from the limit is
+// not visited at its window's end (what it leaves would be kept with the
+// key anyway): it stays until the key's next lease retires it, and its
+// refund is then owed. Near the limit it is visited then, and gives back
+// at once.
+func TestSlidingLeaseKeptPastItsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		count int64 // the window's count after the lease
+		atEnd bool
+	}{
+		{"far from the limit", 50, false},
+		{"near the limit", 900, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+			k.lease(10*sec+100*ms, 50, tc.count)
+			k.mustTake(1, 10*sec+100*ms)
+			if call, at, _ := k.tick(11*sec - 10*ms); call != nil {
+				t.Fatalf("call %+v at the lead; want none", call)
+			} else if (at == 11*sec) != tc.atEnd {
+				t.Fatalf("next visit at %v; visited at the window's end: %v, want %v", time.Duration(at), at == 11*sec, tc.atEnd)
+			}
+			if tc.atEnd {
+				return
+			}
+			k.lease(11*sec+300*ms, 20, 100) // the next window's first lease retires the old one
+			if d := k.debts(); len(d) != 1 || d[0].idx != 10 || d[0].refund != 49 {
+				t.Errorf("debts %+v; want window 10's 49 unused units owed back", d)
+			}
+		})
+	}
+}
+
 // cold: a key asked fewer than leaseAt units in this window and the last
 // is counted exactly, as is any key whose instance's share is too small to
 // lease or whose window is nearly spent; a key with units in hand leases

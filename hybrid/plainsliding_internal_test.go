@@ -251,10 +251,14 @@ func TestPlainSlidingLeaseAhead(t *testing.T) {
 	k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
 	k.lease(10*sec, 100, 100) // 900 free: far from the limit
 	k.tick(10 * sec)
-	for i := 0; i < 3; i++ {
+	for range slidingAheadAt - 1 {
 		k.mustTake(1, 10*sec+500*ms)
 	}
 	now := 11*sec - 150*ms
+	if call, _, _ := k.tick(now - 50*ms); call != nil {
+		t.Fatalf("call %+v; want none: a key asked %d times leases no window ahead", call, slidingAheadAt-1)
+	}
+	k.mustTake(1, 10*sec+900*ms)
 	call, _, _ := k.tick(now)
 	if call == nil || !call.plain || call.win.WantNext == 0 || call.win.Want != 0 {
 		t.Fatalf("call %+v; want a plain lease of the next window", call)
