@@ -1079,7 +1079,8 @@ func TestWorthAhead(t *testing.T) {
 		{ratelimit.FixedWindow, 1, 1, true},
 		{ratelimit.FixedWindow, 1, 0, false},
 		{ratelimit.FixedWindow, 0, 5, false}, // not asked yet this window
-		{ratelimit.SlidingWindow, 2, 0, true},
+		{ratelimit.SlidingWindow, slidingAheadAt, 0, true},
+		{ratelimit.SlidingWindow, slidingAheadAt - 1, 5, false}, // (see slidingAheadAt)
 		{ratelimit.SlidingWindow, 1, 1, false},
 	} {
 		k := newKeyTest(t, perSecond1000, algorithm(c.alg))
