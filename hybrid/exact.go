@@ -31,7 +31,8 @@ import (
 // without a counter gets one only at its crowdedAt-th decision of a
 // window: see crowd in first.go); a leased key
 // keeps leasing ahead while it is asked leaseAt units a window
-// (worthAhead), so the two regimes have hysteresis. Keys are counted
+// (worthAhead; a SlidingWindow key, slidingAheadAt), so the two regimes
+// have hysteresis. Keys are counted
 // exactly also when the instance's share of the limit is too small
 // to lease (Rate < leaseShare x instances) and when a window is nearly
 // spent (its last-known remainder at most twice the instances): the last
