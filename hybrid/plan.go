@@ -235,7 +235,8 @@ func (lc *lockedCounter) keepRefunds(p *params, a *script.LeaseArgs, t tickFacts
 
 // schedule: to lease the next window within the key's lead, to give back
 // quota leased ahead if the key stays quiet, to give a SlidingWindow lease
-// back when its window ends, to drop the key once idle.
+// back when its window ends (near the limit: see keepsAtEnd), to drop the
+// key once idle.
 func (w windows) schedule(lc *lockedCounter, t tickFacts) int64 {
 	at := t.lastUse + idlePeriods*w.p.periodNS // idle
 	if cur := lc.cur.Load(); cur != nil {
