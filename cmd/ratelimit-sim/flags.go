@@ -36,6 +36,8 @@ type config struct {
 	fixInstances bool
 	redisLatency time.Duration // added to every Redis round trip (0: none)
 	plotDir      string        // where to write the figures ("": none)
+	align        time.Duration // with aligned, each phase starts this far into a period of Redis time
+	aligned      bool          // --align given; else a phase starts at once
 
 	// --sweep: instead of one run, the regime sweep over these key counts
 	sweep     bool
@@ -93,6 +95,11 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of both phases to `file`, each phase's samples labelled phase=hybrid or phase=global (go tool pprof -tagfocus phase=hybrid)")
 	fs.DurationVar(&c.redisLatency, "redis-latency", 0, "add this round-trip time between every instance and Redis (half each way), through internal/faultproxy: a Redis in another region (one Redis address or the embedded one; not a Cluster)")
 	fs.StringVar(&c.plotDir, "plot", "", "write the figures (PNG, SVG and their series as JSON) to `dir`")
+	fs.Func("align", "start each phase this `duration` into a period of Redis time (in [0, --period)), so that runs of two builds meet their window boundaries at the same points of the phase (default: start at once)", func(v string) error {
+		d, err := time.ParseDuration(v)
+		c.align, c.aligned = d, true
+		return err
+	})
 	fs.BoolVar(&c.sweep, "sweep", false, "the regime sweep instead of one run: for each of --sweep-keys, hybrid strict, hybrid optimistic and global, uniform keys, closed loop; prints a table and, with --plot, draws regime.png (the limit defaults to 100,000,000 so that no key is driven past it)")
 	sweepKeys := fs.String("sweep-keys", "1,10,100,1000,10000,100000", "the key counts of --sweep")
 	fs.BoolVar(&c.multiRegion, "multi-region", false, "the multi-region matrix instead of one run: hot, warm and cold workloads (uniform keys, 1s windows, an open loop of --rate, 2,000/s unless given), each with Redis near (0) and at every --latencies round trip, through hybrid strict, hybrid optimistic and global, every instance told the fleet size; prints a table and, with --plot, draws multi-region-latency.png and multi-region-waits.png (--workers defaults to 64 here)")
@@ -152,6 +159,8 @@ func parseArgs(args []string, out io.Writer) (config, error) {
 		return c, fmt.Errorf("--period must be >= 1ms, got %v", c.period)
 	case c.duration <= 0:
 		return c, fmt.Errorf("--duration must be > 0, got %v", c.duration)
+	case c.aligned && (c.align < 0 || c.align >= c.period):
+		return c, fmt.Errorf("--align must be in [0, --period %v), got %v", c.period, c.align)
 	case c.sync < time.Millisecond:
 		return c, fmt.Errorf("--sync must be >= 1ms, got %v", c.sync)
 	case c.timeout <= 0:

@@ -201,6 +201,7 @@ func TestBadFlags(t *testing.T) {
 		{"--sweep", "--sweep-keys", "10000000", "--period", "1ms", "--duration", "1s"},
 		{"--algorithm", "sliding_log"}, {"--algorithm", "leaky"}, {"--burst", "-1", "--algorithm", "gcra"},
 		{"--burst", "5"}, {"--algorithm", "gcra", "--limit", "2000", "--period", "1ms"},
+		{"--align", "1s"}, {"--align", "-1ms"}, {"--align", "soon"}, {"--align", "300ms", "--period", "200ms"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), args, &out)
@@ -211,6 +212,33 @@ func TestBadFlags(t *testing.T) {
 	var out bytes.Buffer
 	require.ErrorIs(t, run(context.Background(), []string{"-h"}, &out), flag.ErrHelp)
 	require.Contains(t, out.String(), "-instances")
+}
+
+// --align starts each phase at the same point of a period of Redis time.
+func TestAlign(t *testing.T) {
+	ms := int64(time.Millisecond / time.Microsecond)
+	for _, c := range []struct{ now, off, want int64 }{
+		{1000 * ms, 300 * ms, 300 * ms}, // at a period's start
+		{1300 * ms, 300 * ms, 0},        // at the moment
+		{1301 * ms, 300 * ms, 999 * ms}, // just past it: the next period's
+		{1900 * ms, 0, 100 * ms},
+	} {
+		require.Equal(t, time.Duration(c.want)*time.Microsecond, alignWait(c.now, 1000*ms, c.off), "now %d, offset %d", c.now, c.off)
+	}
+
+	args := append(append([]string{}, tiny...), "--period", "1s", "--limit", "800", "--align", "300ms")
+	cfg, err := parseArgs(args, &bytes.Buffer{})
+	require.NoError(t, err)
+	res, err := simulate(context.Background(), cfg, &bytes.Buffer{})
+	require.NoError(t, err)
+	for _, r := range []phaseResult{res.hybrid, res.global} {
+		require.Positive(t, r.decisions, r.name)
+		// at 300ms into a second, or later by however late the host woke
+		// the phase (bounded here by half a period)
+		off := time.Duration(r.startUS%(1000*ms)) * time.Microsecond
+		require.GreaterOrEqual(t, off, 300*time.Millisecond, r.name)
+		require.Less(t, off, 800*time.Millisecond, r.name)
+	}
 }
 
 func TestUnreachableRedis(t *testing.T) {

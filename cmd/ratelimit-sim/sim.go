@@ -375,6 +375,7 @@ type phaseResult struct {
 	maxWin      int         // most allowed for one key in one window (any window, the first and last partial ones too)
 	maxFull     int         // most allowed for one key in one full window
 	minWinSat   int         // least allowed for one key in one full window in which it saw denials; -1: none
+	startUS     int64       // Redis time, µs since the epoch, when the workers began
 	satWins     int         // full key-windows in which the key saw denials
 	overLimit   int         // key-windows above the limit
 	lost        uint64      // allowed decisions whose window fell outside the tally
@@ -510,12 +511,25 @@ func (t *tally) addSlot(key int, s int64) {
 	t.c[key*t.n+int(s)].Add(1)
 }
 
+// alignWait is how long to wait from nowUS (Redis time, µs) until offUS
+// into a period of pUS: 0 when it is that moment now.
+func alignWait(nowUS, pUS, offUS int64) time.Duration {
+	return time.Duration(((offUS-nowUS%pUS)%pUS+pUS)%pUS) * time.Microsecond
+}
+
 func runPhase(ctx context.Context, out io.Writer, name string, cfg config, wl *workload,
 	lims []ratelimit.Limiter, rts []*rtcount.Hook, baseUS int64, stats func() hybrid.Stats) phaseResult {
 	r := phaseResult{name: name, minWinSat: -1}
 	pUS := cfg.period.Microseconds()
+	if cfg.aligned {
+		select {
+		case <-time.After(alignWait(baseUS+mono()/1000, pUS, cfg.align.Microseconds())):
+		case <-ctx.Done():
+		}
+	}
 	start := mono()
 	startUS := baseUS + start/1000
+	r.startUS = startUS
 	t := &tally{p: pUS, first: startUS/pUS - 1, n: int(cfg.duration/cfg.period) + 4, baseUS: baseUS}
 	t.c = make([]atomic.Uint32, t.n*cfg.keys)
 	t.denied = make([]atomic.Uint32, t.n*cfg.keys)
