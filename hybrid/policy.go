@@ -140,8 +140,9 @@ func (lc *lockedCounter) worthAhead(p *params) bool {
 // hundred milliseconds, and decisions queued behind them. On the sim's
 // SlidingWindow cold row (about one decision per key, instance and window)
 // the hybrid's p99 was 3.9-4.3ms against `global`'s 1.1ms, its slow
-// decisions (over 2ms) in the window's last 400ms; at 4 it is 2.2-2.6ms,
-// decisions/s unchanged, and the hot row (keys asked hundreds of times a
-// window) unchanged (docs/tuning.md, "Since: a SlidingWindow key leases
+// decisions (over 2ms) in the window's last 400ms; at 4 it was 2.2-3.1ms
+// in 8 runs, decisions/s about unchanged (2.2-2.4ms, and faster, with
+// keepsAtEnd too), the hot row (keys asked hundreds of times a window)
+// unchanged (docs/tuning.md, "Since: a SlidingWindow key leases
 // ahead once asked four times").
 const slidingAheadAt = 4
