@@ -105,6 +105,7 @@ func (h *Limiter) Close() error {
 			h.health.heartbeat(hctx, false)
 			hcancel()
 		}
+		h.stopSpent(ctx)
 		h.pipe.runners.stop()
 		waitOr(ctx, h.calls.Wait)
 	})

@@ -84,3 +84,15 @@ func ServerNow(h *Limiter) (us, errNS int64) {
 	v := h.clk.View()
 	return v.ServerAt(h.mono()), v.ErrNS
 }
+
+// SpentSubscriptions returns how many times h subscribed to its channel of
+// windows spent (a second: the connection was made anew).
+func SpentSubscriptions(h *Limiter) uint64 {
+	if h.spent == nil {
+		return 0
+	}
+	return h.spent.subscribed.Load()
+}
+
+// SpentRefused reports whether Redis refused h's words of windows spent.
+func SpentRefused(h *Limiter) bool { return h.spent != nil && h.spent.refused.Load() }

@@ -106,7 +106,7 @@ func (s *seen) findFor(h uint64, idx, rate int64, need int, carry bool) (seed, b
 	b := s.slots[h&s.mask:][:seenWays]
 	for i := range b {
 		v := b[i].Load()
-		if v&seenFP != fp {
+		if v&seenFP != fp || isSpentMark(v) { // (the fleet's word, no decision: see spent.go)
 			continue
 		}
 		w := seenWindow(v, idx)
@@ -194,6 +194,15 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	}
 	if hk == 0 { // (not hashed by find)
 		hk = h.seen.hash(k)
+	}
+	if fw && h.signals(f) {
+		h.listen()
+		if h.seen.spent(hk, idx) { // the fleet said the window is full (spent.go)
+			h.st.retiredDenied.Add(1)
+			h.st.spentDenied.Add(1)
+			t.d, t.done = p.spentDenial(now, end), true
+			return t
+		}
 	}
 	if sd, ok := h.seen.findFor(hk, idx, p.rate, need, (fw || p.bucket) && need <= leaseAt); ok {
 		t.seed = sd // (with the remainder it saw: a fallback's credit is bounded by it)

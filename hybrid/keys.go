@@ -205,10 +205,15 @@ func (p *params) leadOf(k string) int64 {
 // giveBack returns n units a decision took in window idx of c (see
 // lockedCounter.giveBack).
 func (h *Limiter) giveBack(c *counter, idx, n int64) {
+	f := h.facts()
 	lc := c.lock()
-	v := lc.giveBack(h.p, idx, n, h.mono(), h.facts())
+	v := lc.giveBack(h.p, idx, n, h.mono(), f)
 	lc.unlock()
 	h.tell(c, v)
+	if n > 0 && h.signals(f) {
+		c.blockedUntil.Store(0)
+		h.tellSpent(idx, opOpen, c.key) // the window may have room again (spent.go)
+	}
 }
 
 // mark has syncer visit c as v asks (not visitNone): visitSoon once per

@@ -67,8 +67,9 @@ type Limiter struct {
 	crowd  crowd    // how many calls the round trips decisions wait on carry (first.go)
 	index  keyIndex // key -> *counter: the lock-free read path in front of table, for keys used more than once (see lookup, index.go)
 	syncer *bgsync.Syncer[*counter]
-	wheel  wheel   // visits the syncer scheduled
-	asks   *router // decisions' calls, sent in shared pipelines per Redis node
+	wheel  wheel        // visits the syncer scheduled
+	asks   *router      // decisions' calls, sent in shared pipelines per Redis node
+	spent  *spentSignal // the fleet's word of windows spent (spent.go); nil but for FixedWindow in Strict mode
 	pipe   pipe
 	health health
 
@@ -89,7 +90,7 @@ type Limiter struct {
 
 type stats struct {
 	roundTrips, syncRoundTrips, leases, leasedUnits, refunded, reported atomic.Uint64
-	flushErrors, fallback, noReply, leasedAhead, exact                  atomic.Uint64
+	flushErrors, fallback, noReply, leasedAhead, exact, spentDenied     atomic.Uint64
 	retiredAllowed, retiredDenied, retiredWaited, retiredExpired        atomic.Uint64
 }
 
@@ -144,6 +145,9 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 			h.send(ctx, batch)
 		}}
 	})
+	if cfg.algorithm == ratelimit.FixedWindow && cfg.mode == Strict {
+		h.spent = newSpentSignal(client, cfg.prefix)
+	}
 	h.wheel.interval = int64(cfg.syncInterval)
 	h.health.init(h, cfg)
 	h.table = local.NewTable[*counter](cfg.maxKeys, h.evicted)
@@ -164,6 +168,9 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
 		h.health.heartbeat(ctx, true)
 		cancel()
+	}
+	if h.signals(h.facts()) {
+		h.listen() // (before the first decision: the fleet's word is heard from the start)
 	}
 	return h, nil
 }
@@ -371,8 +378,17 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 			if attempt == 0 {
 				c.waited.Add(1)
 			}
-			d, l, v := c.decideExact(p, e, h.mono(), h.facts())
+			f, now = h.facts(), h.mono()
+			d, l, v := c.decideExact(p, e, now, f)
 			h.tell(c, v)
+			if d.Allowed && d.Remaining == 0 && e.fw && h.signals(f) {
+				// This call filled a window of a limit too small to lease:
+				// denied here until its end (no lease holds units to give
+				// back), and the fleet hears it (spent.go).
+				c.blockSpent(now, now+int64(d.ResetAfter))
+				idx, _ := e.counted()
+				h.tellSpent(idx, opSpent, c.key)
+			}
 			return d, l, nil
 		}
 		if e != nil { // its call failed: what it carried is settled on the safe side

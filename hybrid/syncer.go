@@ -19,6 +19,7 @@ func (h *Limiter) tick(ctx context.Context) {
 	if hl.brk.State() != breaker.Closed || hl.brk.Failures() > 0 {
 		hl.probe(ctx)
 	}
+	h.sendNotes(ctx)
 	for _, c := range h.wheel.due(h.mono()) {
 		if !c.dead.Load() {
 			h.tell(c, visitNow)
@@ -102,6 +103,7 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 // not seen stays outstanding, and the syncer sends it again); exact calls'
 // replies go to the decisions waiting for them.
 func (h *Limiter) send(ctx context.Context, batch []queued) error {
+	batch = h.withNotes(batch)
 	buf := sendBufs.Get().(*sendBuf)
 	reqs, res := buf.grow(len(batch))
 	for i, q := range batch {
@@ -125,7 +127,13 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 	}
 	var first error
 	fresh := false // a call was applied anew: Redis writes, not only answers
+	noted := false // a note failed: the pipeline's error may be its
 	for i, q := range batch {
+		if _, ok := q.(*spentNote); ok {
+			noted = noted || res[i].err != nil
+			h.answer(q, res[i], x)
+			continue
+		}
 		if err := res[i].err; err != nil && first == nil {
 			first = err
 		}
@@ -134,8 +142,8 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 		}
 		h.answer(q, res[i], x)
 	}
-	if first == nil {
-		first = x.err
+	if first == nil && !noted {
+		first = x.err // (a note refused is no failure of Redis: see noteSent)
 	}
 	if first != nil {
 		h.health.failed(first)
@@ -187,6 +195,8 @@ func (b *sendBuf) release() {
 // answer hands call q the result r of exchange x.
 func (h *Limiter) answer(q queued, r result, x exchange) {
 	switch q := q.(type) {
+	case *spentNote:
+		h.noteSent(r.err)
 	case *leaseCall:
 		if r.err != nil {
 			h.unanswered(q, r.err, r.notRun)
