@@ -189,6 +189,9 @@ func (f *fleet) stats() hybrid.Stats {
 		s.SyncRoundTrips += x.SyncRoundTrips
 		s.Fallback += x.Fallback
 		s.FlushErrors += x.FlushErrors
+		s.SpentSent += x.SpentSent
+		s.SpentHeard += x.SpentHeard
+		s.SpentDenied += x.SpentDenied
 	}
 	return s
 }

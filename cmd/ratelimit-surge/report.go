@@ -80,6 +80,10 @@ func printReport(out io.Writer, cfg config, res surgeResult) {
 	fmt.Fprintf(out, "hybrid: %s decisions (%s allowed, %s denied), %s Redis round trips (%s waited on) carrying %s commands, %s failure-mode decisions, %s flush errors\n",
 		commas(int64(s.Decisions)), commas(int64(s.Allowed)), commas(int64(s.Denied)), commas(int64(s.RoundTrips)),
 		commas(int64(s.SyncRoundTrips)), commas(wi.commands), commas(int64(s.Fallback)), commas(int64(s.FlushErrors)))
+	if s.SpentSent+s.SpentHeard > 0 {
+		fmt.Fprintf(out, "hybrid: %s windows filled and told to the fleet, %s such words heard, %s decisions denied in memory on one\n",
+			commas(int64(s.SpentSent)), commas(int64(s.SpentHeard)), commas(int64(s.SpentDenied)))
+	}
 	for _, r := range []phaseResult{wo, wi} {
 		if r.firstErr != "" {
 			fmt.Fprintf(out, "%s: first client error: %s\n", r.name, r.firstErr)
