@@ -25,15 +25,12 @@ type Stats struct {
 	Reported       uint64 // units admitted on credit (optimistic or fallback) reported to Redis
 	FlushErrors    uint64 // syncer flushes that failed (and were retried)
 	Fallback       uint64 // decisions taken by the failure mode because Redis did not answer
-	// SpentSent counts windows this instance filled and told the fleet
-	// were spent (a FixedWindow limit too small to lease, in Strict mode:
-	// see the package doc), SpentHeard such words heard (its own
-	// included) for a window then current, and SpentDenied the decisions
-	// of keys without a counter denied in memory on such a word.
-	SpentSent, SpentHeard, SpentDenied uint64
-	KeysTracked                        int  // keys held in memory now (not a key decided once in two windows, which keeps no counter)
-	Instances                          int  // instances sharing the quota, as last learned (16 while never learned; see WithInstances)
-	Degraded                           bool // the circuit breaker is open: decisions do not wait on Redis
+	SpentSent      uint64 // windows this instance filled and told the fleet were spent (a FixedWindow limit too small to lease, in Strict mode: see the package doc)
+	SpentHeard     uint64 // such words heard for a window then current (its own included)
+	SpentDenied    uint64 // decisions of keys without a counter denied in memory on such a word (counted in Denied and LocalDecisions too)
+	KeysTracked    int    // keys held in memory now (not a key decided once in two windows, which keeps no counter)
+	Instances      int    // instances sharing the quota, as last learned (16 while never learned; see WithInstances)
+	Degraded       bool   // the circuit breaker is open: decisions do not wait on Redis
 	// LastError is the last error Redis or the client returned to any
 	// call of the limiter (nil if none), and LastErrorAt when. Decisions
 	// never return Redis errors: this is where a wrong address, password
