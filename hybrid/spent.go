@@ -126,7 +126,8 @@ func parseSpent(p *params, msg string) (idx int64, op, k string, ok bool) {
 }
 
 // signals reports whether the limiter tells the fleet of windows it fills
-// (and listens): a FixedWindow limit too small to lease, in Strict mode.
+// (and listens): a FixedWindow limit too small to lease, in Strict mode,
+// unless Redis refused it.
 func (h *Limiter) signals(f fleet) bool {
 	return h.spent != nil && !h.spent.refused.Load() && h.p.rate < leaseShare*f.instances
 }
@@ -197,14 +198,29 @@ func (h *Limiter) noteSent(err error) {
 		s.sent.Add(1)
 		return
 	}
-	var re redis.Error
-	if errors.As(err, &re) {
+	if refusal(err) {
 		// Redis answered no (an ACL without PUBLISH, a proxy without
 		// pub/sub): the fleet hears nothing from this instance, which asks
 		// Redis as it did without notes.
 		s.refused.Store(true)
 		h.forgetSpent()
 	}
+}
+
+// refusal reports whether err is Redis refusing PUBLISH or SUBSCRIBE for
+// good (NOPERM, an unknown command), not an error of the moment (a
+// connection lost, a server loading its data or failing over).
+func refusal(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, p := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "MOVED", "ASK", "READONLY"} {
+		if redis.HasErrorPrefix(err, p) {
+			return false
+		}
+	}
+	return true
 }
 
 // listen subscribes to the limiter's channel, once, on a goroutine of its
@@ -261,8 +277,7 @@ func (h *Limiter) hear(ctx context.Context) {
 			backoff = 10 * time.Millisecond
 			continue
 		}
-		var re redis.Error
-		if errors.As(err, &re) && !redis.HasErrorPrefix(err, "LOADING") {
+		if refusal(err) {
 			// Redis said no (an ACL without channels): no words, heard or
 			// told, and no block longer than maxBlock from now on.
 			s.refused.Store(true)

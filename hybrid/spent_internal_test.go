@@ -1,6 +1,8 @@
 package hybrid
 
 import (
+	"context"
+	"io"
 	"testing"
 	"time"
 
@@ -76,5 +78,27 @@ func TestSeenSpent(t *testing.T) {
 	s.note(other, 10, 0, 100)
 	if s.spent(other, 10) {
 		t.Fatal("a remainder of 0 read as a word")
+	}
+}
+
+// Only Redis refusing pub/sub for good turns the words off: not a lost
+// connection, nor a server loading, busy or failing over.
+func TestSpentRefusal(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{replyErr("NOPERM this user has no permissions to access one of the channels used as arguments"), true},
+		{replyErr("ERR unknown command 'publish'"), true},
+		{replyErr("LOADING Redis is loading the dataset in memory"), false},
+		{replyErr("BUSY Redis is busy running a script"), false},
+		{replyErr("CLUSTERDOWN The cluster is down"), false},
+		{replyErr("READONLY You can't write against a read only replica."), false},
+		{io.EOF, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := refusal(c.err); got != c.want {
+			t.Errorf("refusal(%v) = %v; want %v", c.err, got, c.want)
+		}
 	}
 }
