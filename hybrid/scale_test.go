@@ -276,8 +276,13 @@ func TestWindowRollNoWait(t *testing.T) {
 // process (2 cores here), 16 keys far over the limit for at least 5
 // windows. No key-window may go over the limit, every full window must be
 // at least 95% used, and the fleet makes at most one round trip per 50
-// admitted.
+// admitted. About 4 million decisions in 6.5s: it runs without the race
+// detector, in scripts/test.sh's pass of its own (under it, the in-memory
+// path ten times slower against the same Redis, a stall near a window's
+// end left 1,879-1,934 of 2,000 used in some runs, at b9ee0aa as since;
+// without it 1,977-2,000).
 func TestBusyHostDefaults(t *testing.T) {
+	skipUnderRace(t)
 	srv := redistest.Standalone(t)
 	limit := ratelimit.PerSecond(2000)
 	const instances, workers = 8, 4
