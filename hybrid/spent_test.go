@@ -32,6 +32,29 @@ func awayFromEdge(t *testing.T, c redis.UniversalClient) time.Time {
 	return end
 }
 
+// spentFleet starts n instances of spentLimit, each on a client of
+// newClient, once Redis time is away from a window's edge; it returns
+// them and when the window then current ends.
+func spentFleet(t *testing.T, n int, newClient func() redis.UniversalClient) ([]*hybrid.Limiter, time.Time) {
+	t.Helper()
+	rc := newClient()
+	defer rc.Close()
+	end := awayFromEdge(t, rc)
+	hs, _ := fleet(t, n, newClient, spentLimit, hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(n))
+	return hs, end
+}
+
+// fillAll admits each key once on h: with spentLimit, each fills its window.
+func fillAll(t *testing.T, h *hybrid.Limiter, keys []string) {
+	t.Helper()
+	for _, k := range keys {
+		d, err := h.Allow(context.Background(), k)
+		require.NoError(t, err)
+		require.True(t, d.Allowed, k)
+		require.Zero(t, d.Remaining, k)
+	}
+}
+
 // heardAll waits until each limiter has heard at least n words of windows
 // spent.
 func heardAll(t *testing.T, hs []*hybrid.Limiter, n int) {
@@ -58,17 +81,9 @@ func TestSpentWordCluster(t *testing.T) {
 
 func spentWord(t *testing.T, newClient func() redis.UniversalClient) {
 	ctx := context.Background()
-	rc := newClient()
-	defer rc.Close()
-	end := awayFromEdge(t, rc)
-	hs, _ := fleet(t, 4, newClient, spentLimit, hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(4))
+	hs, end := spentFleet(t, 4, newClient)
 	keys := numberedKeys("spent-", 200)
-	for _, k := range keys {
-		d, err := hs[0].Allow(ctx, k)
-		require.NoError(t, err)
-		require.True(t, d.Allowed, k)
-		require.Zero(t, d.Remaining, k)
-	}
+	fillAll(t, hs[0], keys)
 	heardAll(t, hs, len(keys))
 	require.EqualValues(t, len(keys), hs[0].Stats().SpentSent)
 	for i, h := range hs {
@@ -96,17 +111,9 @@ func spentWord(t *testing.T, newClient func() redis.UniversalClient) {
 func TestSpentWordForgottenOnRestart(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
-	rc := srv.Client()
-	defer rc.Close()
-	awayFromEdge(t, rc)
-	hs, _ := fleet(t, 4, func() redis.UniversalClient { return srv.Client() }, spentLimit,
-		hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(4))
+	hs, _ := spentFleet(t, 4, func() redis.UniversalClient { return srv.Client() })
 	keys := numberedKeys("restart-", 50)
-	for _, k := range keys {
-		d, err := hs[0].Allow(ctx, k)
-		require.NoError(t, err)
-		require.True(t, d.Allowed)
-	}
+	fillAll(t, hs[0], keys)
 	heardAll(t, hs, len(keys))
 	subs := make([]uint64, len(hs))
 	for i, h := range hs {
@@ -139,11 +146,7 @@ func TestSpentWordForgottenOnRestart(t *testing.T) {
 func TestSpentWordOpenedBySettle(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := context.Background()
-	rc := srv.Client()
-	defer rc.Close()
-	awayFromEdge(t, rc)
-	hs, _ := fleet(t, 2, func() redis.UniversalClient { return srv.Client() }, spentLimit,
-		hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(2))
+	hs, _ := spentFleet(t, 2, func() redis.UniversalClient { return srv.Client() })
 	r, err := hs[0].Reserve(ctx, "settled", 1)
 	require.NoError(t, err)
 	require.True(t, r.OK())
@@ -172,17 +175,11 @@ func TestSpentWordRefused(t *testing.T) {
 	rc := srv.Client()
 	defer rc.Close()
 	require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nochannels", "on", ">secret", "~*", "resetchannels", "+@all").Err())
-	awayFromEdge(t, rc)
-	newClient := func() redis.UniversalClient {
+	hs, _ := spentFleet(t, 2, func() redis.UniversalClient {
 		return redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "nochannels", Password: "secret"})
-	}
-	hs, _ := fleet(t, 2, newClient, spentLimit, hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(2))
+	})
 	keys := numberedKeys("refused-", 20)
-	for _, k := range keys {
-		d, err := hs[0].Allow(ctx, k)
-		require.NoError(t, err)
-		require.True(t, d.Allowed)
-	}
+	fillAll(t, hs[0], keys)
 	require.Eventually(t, func() bool { return hybrid.SpentRefused(hs[0]) }, 5*time.Second, 5*time.Millisecond)
 	for _, k := range keys {
 		d, err := hs[1].Allow(ctx, k)
