@@ -65,12 +65,22 @@ type exactCall struct {
 	// window swIdx, run by Redis at least swElapsed µs into it
 	sw               bool
 	swIdx, swElapsed int64
-	owed             []debt        // what the call carries of the key's debts
-	done             chan struct{} // closed when res is set
-	state            atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
-	res              result        // the reply, or the error
-	x                exchange      // the round trip that answered
+	// back: a plain sliding call refused, what became of its give-back
+	// (slidingBack): backSent once sent (the units are not owed again)
+	back  int8
+	owed  []debt        // what the call carries of the key's debts
+	done  chan struct{} // closed when res is set
+	state atomic.Int32  // exactWaited, exactAnswered or exactAbandoned
+	res   result        // the reply, or the error
+	x     exchange      // the round trip that answered
 }
+
+// exactCall.back
+const (
+	backNone   = iota // none sent
+	backSent          // sent: it ran, or may have
+	backNotRun        // it certainly did not run
+)
 
 const (
 	exactWaited    = iota // the decision waits for the reply
@@ -243,10 +253,14 @@ func plainWindow(p *params, serverUS, at int64, clk clockView) (bool, int64) {
 // owed back and the decision is taken again.
 //
 // A plain sliding call is late in the same way, and also when its reply
-// does not admit it: it decides nothing then either (see plainsliding.go).
+// does not admit it but would have at some instant Redis can have run it:
+// it decides nothing then either (see plainsliding.go).
 func (e *exactCall) late(clk clockView) bool {
 	if e.sw && e.res.err == nil && e.res.plain {
-		return !e.admitted() || e.call.win.Now <= 0 && clk.Late(e.swIdx, e.x.after)
+		if e.call.win.Now <= 0 && clk.Late(e.swIdx, e.x.after) {
+			return true
+		}
+		return !e.admitted() && !e.refusedSurely(clk)
 	}
 	if !e.plain || e.take.Now > 0 || e.res.err != nil || !e.res.plain {
 		return false
@@ -426,7 +440,7 @@ func (lc *lockedCounter) settleExact(e *exactCall, abandoned bool) visit {
 		// again: near the limit, lease.lua decides
 		lc.setFree(lc.cur.Load(), e.swIdx, int64(e.call.win.Limit.Rate)-e.res.win.Count)
 	}
-	if idx, units := e.counted(); units > 0 && (abandoned || !e.admitted()) {
+	if idx, units := e.counted(); units > 0 && (abandoned || !e.admitted()) && e.back != backSent {
 		// (a plain increment that landed over the limit gives its units back)
 		lc.oweBack(e.call != nil && e.call.bucket, idx, units)
 		v = visitNow
@@ -459,10 +473,14 @@ func (c *counter) decideExact(p *params, e *exactCall, now int64, f fleet) (rate
 		remaining, retry = p.rate-r.Count, end-now
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case e.sw && e.res.plain && e.call.win.Now <= 0:
-		// (admitted: see late) the window's end by the estimate of Redis time
+		// the window's end by the estimate of Redis time; refused surely
+		// (see late), the time the units could fit by it
 		r := e.res.win
 		end = f.clock.MonoAt((r.Idx + 1) * p.periodUS)
 		remaining, retry = p.rate-r.Count, end-now
+		if !e.admitted() {
+			retry = f.clock.MonoAt(r.Idx*p.periodUS+e.swElapsed+r.Retry) - now
+		}
 		lc.setFree(lc.cur.Load(), r.Idx, p.rate-r.Count)
 	case p.bucket:
 		r := e.res.bkt

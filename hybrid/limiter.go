@@ -374,6 +374,15 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 		}
 		if err == nil && e != nil {
 			// a cold key's exact call: its reply is the decision
+			if e.sw && e.res.plain && !e.admitted() {
+				// a plain sliding call refused surely (see late): what
+				// it counted goes back before the decision returns
+				var fire <-chan time.Time
+				if expired == nil && timer != nil {
+					fire = timer.C
+				}
+				h.giveBackSliding(ctx, e, fire, expired)
+			}
 			h.st.exact.Add(1)
 			if attempt == 0 {
 				c.waited.Add(1)

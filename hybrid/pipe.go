@@ -81,6 +81,8 @@ type reply struct {
 	// plain: take is a plain increment's, its Idx and Now the caller's
 	// estimate (not a sample of Redis time), its units counted admitted or not
 	plain bool
+	// sw: what a plain sliding call read (see slidingExact)
+	sw slidingRead
 }
 
 func parseLease(v any) (reply, error) {

@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"context"
 	"fmt"
 	"math/bits"
 	"strconv"
@@ -43,11 +44,21 @@ import (
 //     by this instance's estimate of its clock (the estimate less its error
 //     bound): a weight at least Redis's own.
 //
-// A reply that does not admit decides nothing: the units it counted are
-// owed back, the key's remainder is noted as the bound read, and the
-// decision asks again, through lease.lua (which gives the units back in
-// the same call, computes when they could fit and refuses the key until
-// then). So a plain call is made only far from the limit by what the key
+// A reply that does not admit refuses when it would at any instant Redis
+// can have run the call (the previous count weighted at the latest: the
+// reply's arrival by the estimate, and its error bound; WithClock's time
+// is exact): the decision is a denial, the key refused until the units
+// could fit by what the call read (as lease.lua computes it), and the
+// units the call counted go back in a plain HINCRBY of -n (slidingBack)
+// before the decision returns, so that a denial does not count. A
+// refusal costs Redis two plain commands, not a lease.lua call; on the
+// sim's row of keys driven far past a limit of 2 (docs/tuning.md), 13%
+// of Redis' CPU per decision. A reply over the limit only by the weight
+// at the earliest instant decides nothing: the units it counted are owed
+// back, the key's remainder is noted as the bound read, and the decision
+// asks again, through lease.lua (which gives the units back in the same
+// call, computes when they could fit and refuses the key until then).
+// So a plain call is made only far from the limit by what the key
 // last heard (half the limit free, as for a plain lease: a plain increment
 // counts what it asks before Redis can say it fits); near it, or with the
 // window not surely known (srvclock.View.Certain), lease.lua decides. A
@@ -156,14 +167,83 @@ func (e *slidingExact) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 		return r, nil
 	}
 	curr, prev, next := r.win.Count, counts[0], counts[1]
-	bound := weighted(prev, periodUS-e.swElapsed, periodUS)
-	bound = satAdd(bound, curr)
-	bound = max(bound, satAdd(curr, next))
+	r.sw = slidingRead{prev: prev, curr: curr, next: next, read: true}
+	bound := r.sw.bound(e.swElapsed, periodUS)
 	r.win.Count = bound
 	if bound <= rate {
 		r.win.Grant = e.n
+	} else {
+		r.win.Retry = max(1, r.sw.fit(rate, e.n, periodUS)-e.swElapsed)
 	}
 	return r, nil
+}
+
+// slidingRead is what a plain sliding call read: the previous, the
+// current (after its increment) and the next window's counts.
+type slidingRead struct {
+	prev, curr, next int64
+	read             bool // the counts were read (none met a counter of another type)
+}
+
+// bound is the count that bounds the current window elapsed µs into it,
+// as global's SlidingWindow script checks it: the previous count weighted
+// by what is left of the window plus the current count, or the current
+// plus the next count, whichever is larger.
+func (s slidingRead) bound(elapsed, periodUS int64) int64 {
+	return max(satAdd(weighted(s.prev, periodUS-elapsed, periodUS), s.curr), satAdd(s.curr, s.next))
+}
+
+// fit is how far into the current window, in microseconds, the call's n
+// units could fit at the earliest once given back, as lease.lua computes a
+// refusal's retry: when the previous count's weight has fallen enough, or,
+// when the current and the next count leave no room, that far into the
+// next window (beyond periodUS).
+func (s slidingRead) fit(rate, n, periodUS int64) int64 {
+	curr := s.curr - n // without the call's own units
+	if satAdd(satAdd(curr, s.next), n) <= rate {
+		return firstAt(s.prev, rate-curr-n, periodUS)
+	}
+	return periodUS + firstAt(curr, rate-s.next-n, periodUS)
+}
+
+// firstAt is the least time into a window, in microseconds and at most
+// periodUS + 1, at which a count c of the window before, weighted by what
+// is left of this one, leaves room units free: lease.lua's first.
+func firstAt(c, room, periodUS int64) int64 {
+	if c <= 0 {
+		return 0
+	}
+	if room < 0 {
+		return periodUS + 1
+	}
+	// the least e with floor(c x (P - e) / P) <= room: c x (P - e) < (room + 1) x P
+	hi, lo := bits.Mul64(uint64(room+1), uint64(periodUS))
+	if hi != 0 || lo >= uint64(maxCount) {
+		return 0
+	}
+	q := (lo + uint64(c) - 1) / uint64(c) // ceil((room + 1) x P / c)
+	return max(0, periodUS-int64(q)+1)
+}
+
+// refusedSurely reports whether what plain sliding call e read refuses it
+// wherever Redis's clock stood when it ran: with the previous count
+// weighted at the latest instant it can have run (its reply's arrival by
+// this instance's estimate of Redis time, and the estimate's error bound),
+// or at WithClock's time. Then the refusal is global's too, and decides:
+// no script call is needed to ask again.
+func (e *exactCall) refusedSurely(clk clockView) bool {
+	s := e.res.sw
+	if !s.read {
+		return false // a counter of another type: lease.lua decides
+	}
+	a := &e.call.win
+	rate, periodUS := int64(a.Limit.Rate), int64(a.Limit.Period/time.Microsecond)
+	elapsed := e.swElapsed
+	if a.Now <= 0 {
+		latest := clk.ServerAt(e.x.after) + (clk.ErrorBound()+srvclock.Margin+999)/1000
+		elapsed = min(max(0, latest-e.swIdx*periodUS), periodUS)
+	}
+	return s.bound(elapsed, periodUS) > rate
 }
 
 func (e *slidingExact) fallbackRequest() request { return e.call.request() }
@@ -325,4 +405,63 @@ func (k *slidingLease) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 	}
 	r.win.Grant, r.win.Count = g, bound+g
 	return r, nil
+}
+
+// slidingBack gives back the n units a plain sliding call counted in its
+// window and did not admit: a plain HINCRBY of the counter by -n, and
+// the counter's expiry again (the call's own, so the same). The decision
+// waits for it, as global's plain FixedWindow decisions wait for theirs,
+// so that a denial does not count when it returns: a refusal costs Redis
+// a give-back of two commands, not a lease.lua call that asks again. (A
+// counter Redis lost between the call and its give-back, in a restart
+// without persistence or a flush, is made anew at -n, and expires with
+// its window: that window, whose count was lost anyway, admits n more.)
+type slidingBack struct {
+	key, kbase string
+	n          int64
+	expireAt   int64 // ms
+	done       chan struct{}
+	res        result // set before done closes
+}
+
+func (b *slidingBack) base() string { return b.kbase }
+
+func (b *slidingBack) request() request {
+	return request{cmds: [][]any{
+		{"hincrby", b.key, "c", -b.n},
+		{"pexpireat", b.key, b.expireAt},
+	}, parse: parseFunc(ignoreReply)}
+}
+
+// newSlidingBack is the give-back of plain sliding call e.
+func newSlidingBack(e *exactCall) *slidingBack {
+	a := &e.call.win
+	periodUS := int64(a.Limit.Period / time.Microsecond)
+	return &slidingBack{
+		key:      script.WindowKey(a.Base, a.Kind, e.swIdx),
+		kbase:    a.Base,
+		n:        e.n,
+		expireAt: ((e.swIdx+2)*periodUS+999)/1000 + 1000, // as slidingRequest's
+		done:     make(chan struct{}),
+	}
+}
+
+// giveBackSliding gives back what plain sliding call e, refused, counted, and
+// waits for it until the decision's deadline (fire, expired or ctx). A
+// give-back without a reply may have run: its units are not owed again
+// (they stay counted at worst, the safe side); one that certainly did
+// not run leaves them owed, to go with the key's next call or the tick.
+func (h *Limiter) giveBackSliding(ctx context.Context, e *exactCall, fire <-chan time.Time, expired <-chan struct{}) {
+	b := newSlidingBack(e)
+	e.back = backSent
+	h.asks.add(b)
+	select {
+	case <-b.done:
+		if b.res.err != nil && b.res.notRun {
+			e.back = backNotRun
+		}
+	case <-ctx.Done():
+	case <-fire:
+	case <-expired:
+	}
 }

@@ -88,12 +88,17 @@ func TestPlainSlidingCall(t *testing.T) {
 		t.Error("a failed read decided")
 	}
 
-	// A reply that does not admit decides nothing: its units are owed
-	// back, and the bound it read is the window's known remainder.
+	// A reply over the limit by the weight at the earliest instant Redis
+	// can have run the call, but not by the weight at the latest (its
+	// reply's arrival, 100ms into the window, and the error bound and the
+	// margin: floor(800 x 898,950 / 1,000,000) = 719, and 719 + 281 is
+	// the limit), decides nothing: its units are owed back, and the bound
+	// it read is the window's known remainder.
+	e.x = exchange{before: now, after: now, ok: true}
 	e.res.reply, _ = (*slidingExact)(e).parseReply(int64(281))
 	e.res.reply, _ = (*slidingExact)(e).parseReplies(e.res.reply, []*redis.Cmd{cmd([]any{"800"}, nil), cmd([]any{nil}, nil)})
 	if !e.late(k.f.clock) {
-		t.Fatal("a plain sliding reply over the limit decided")
+		t.Fatal("a plain sliding reply over the limit only by the earliest weight decided")
 	}
 	lc = k.c.lock()
 	lc.settleExact(e, true)
@@ -372,5 +377,115 @@ func TestSlidingRefundsKept(t *testing.T) {
 	k.tick(quiet)
 	if call, _, _ := k.tick(12*sec + 10*ms); call != nil || len(k.debts()) != 0 {
 		t.Errorf("two periods on: call %+v, debts %+v; want none", call, k.debts())
+	}
+}
+
+// A plain sliding reply over the limit even by the previous count's weight
+// at the latest instant Redis can have run the call decides: a denial
+// with no call asked again, the key refused until the units could fit by
+// what the call read (as lease.lua computes a refusal's retry), and its
+// units owed back only when their give-back certainly did not run.
+func TestPlainSlidingRefusalDecides(t *testing.T) {
+	now := 10*sec + 100*ms
+	refused := func(curr int64, back int8) (*keyTest, *exactCall) {
+		k := newKeyTest(t, perSecond1000, algorithm(ratelimit.SlidingWindow))
+		k.f.clock = clockView{PeriodUS: k.p.periodUS, ErrNS: 50 * int64(time.Microsecond)}
+		lc := k.c.lock()
+		e := lc.newExact(k.p, k.id(), 2, now, now, k.f)
+		lc.unlock()
+		e.x = exchange{before: now, after: now, ok: true}
+		e.res.reply, _ = (*slidingExact)(e).parseReply(curr)
+		e.res.reply, _ = (*slidingExact)(e).parseReplies(e.res.reply, []*redis.Cmd{hmgetReply("800"), hmgetReply(nil)})
+		e.back = back
+		e.done = make(chan struct{})
+		e.answered(e.res, e.x)
+		return k, e
+	}
+	// curr 300 after the call (298 before it), prev 800: at the latest
+	// instant, 101.05ms into the window, floor(800 x 0.89895) = 719, and
+	// 719 + 300 is over 1,000. Two units fit once the weight is 700 or
+	// less: floor(800 x (P - e) / P) <= 700 from e = 123,751µs.
+	k, e := refused(300, backSent)
+	if e.late(k.f.clock) {
+		t.Fatal("a plain sliding reply over the limit by the latest weight did not decide")
+	}
+	wantRetry := int64(123_751) - e.swElapsed
+	if e.res.win.Retry != wantRetry {
+		t.Errorf("retry %dµs; want %dµs (the units fit 123,751µs into the window)", e.res.win.Retry, wantRetry)
+	}
+	d, l, _ := k.c.decideExact(k.p, e, now, k.f)
+	if d.Allowed || l != nil {
+		t.Fatalf("decision %+v; want a denial", d)
+	}
+	fitAt := 10*sec + 123_751*int64(time.Microsecond)
+	if d.RetryAfter != time.Duration(fitAt-now) {
+		t.Errorf("RetryAfter %v; want %v (until the units fit)", d.RetryAfter, time.Duration(fitAt-now))
+	}
+	if _, _, ok := k.take(1, fitAt-ms); ok {
+		t.Error("the key was not refused in memory until the units fit")
+	}
+	lc := k.c.lock()
+	debts := len(lc.debts)
+	free, known := lc.knownFree(10)
+	lc.unlock()
+	if debts != 0 || !known || free >= 2 {
+		t.Errorf("after a refusal given back: %d debts, free %d (known %v); want none owed, and the window known near its limit", debts, free, known)
+	}
+
+	// A give-back that certainly did not run leaves the units owed.
+	k, e = refused(300, backNotRun)
+	k.c.decideExact(k.p, e, now, k.f)
+	lc = k.c.lock()
+	owed := append([]debt(nil), lc.debts...)
+	lc.unlock()
+	if len(owed) != 1 || owed[0].idx != 10 || owed[0].refund != 2 {
+		t.Errorf("debts %+v after a give-back that did not run; want 2 owed back to window 10", owed)
+	}
+
+	// With the next window's leases leaving no room, the units fit only
+	// in the next window, once this one's count weighs little enough.
+	k, e = refused(5, backSent)
+	e.res.reply, _ = (*slidingExact)(e).parseReply(int64(5))
+	e.res.reply, _ = (*slidingExact)(e).parseReplies(e.res.reply, []*redis.Cmd{hmgetReply(nil), hmgetReply("996")})
+	if e.late(k.f.clock) {
+		t.Fatal("a reply over the limit by the next window's leases did not decide")
+	}
+	// curr 3 without the call; beside the next window's 996 the call's 2
+	// units leave 2: floor(3 x (P - e) / P) <= 2 from 1µs into the next
+	// window
+	if want := int64(1_000_001) - e.swElapsed; e.res.win.Retry != want {
+		t.Errorf("retry %dµs; want %dµs", e.res.win.Retry, want)
+	}
+}
+
+// hmgetReply is an HMGET's reply of one field.
+func hmgetReply(v any) *redis.Cmd {
+	c := redis.NewCmd(context.Background())
+	c.SetVal([]any{v})
+	return c
+}
+
+// firstAt is the least time into a window at which the window before's
+// count, weighted by what is left, leaves room (periodUS + 1: never):
+// checked against every instant of a small period. A count of zero
+// weighs nothing: 0, as lease.lua's first.
+func TestSlidingFirstAt(t *testing.T) {
+	const period = 1000
+	for c := int64(0); c <= 12; c++ {
+		for room := int64(-1); room <= 12; room++ {
+			want := int64(period + 1)
+			if c == 0 {
+				want = 0
+			}
+			for e := int64(0); e <= period && c > 0; e++ {
+				if weighted(c, period-e, period) <= room {
+					want = e
+					break
+				}
+			}
+			if got := firstAt(c, room, period); got != want {
+				t.Errorf("firstAt(%d, %d, %d) = %d; want %d", c, room, period, got, want)
+			}
+		}
 	}
 }

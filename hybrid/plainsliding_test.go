@@ -27,7 +27,8 @@ import (
 // ahead of the next window. Half the trials count through a global Multi, whose counters
 // are strings: the increment or a read meets WRONGTYPE, and lease.lua
 // decides instead. After each decision the counter holds exactly what was
-// admitted: what a plain call counted and did not admit was given back.
+// admitted: what a plain call counted and did not admit was given back,
+// by a plain HINCRBY, no script asked again.
 func TestPlainSlidingDecidesAsGlobal(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
@@ -51,7 +52,7 @@ func TestPlainSlidingDecidesAsGlobal(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	pUS := limit.Period.Microseconds()
 	first := base.UnixMicro() / pUS
-	var admitted, denied, plainAdmitted int
+	var admitted, denied, plainAdmitted, plainDenied int
 	for trial := 0; trial < 400; trial++ {
 		key := "k" + strconv.Itoa(trial)
 		// Who counted before the hybrid: in half the trials, counters set
@@ -125,6 +126,13 @@ func TestPlainSlidingDecidesAsGlobal(t *testing.T) {
 			}
 		} else {
 			denied++
+			if gl == nil {
+				// refused by what the plain call read (WithClock: its
+				// weight is Redis's), its units given back by a plain
+				// HINCRBY: no script asked again
+				require.Equal(t, scripts, commandCalls(t, c, "evalsha"), "%s: a plain call's refusal asked again through lease.lua", what)
+				plainDenied++
+			}
 		}
 		n := curr
 		if d.Allowed {
@@ -133,11 +141,12 @@ func TestPlainSlidingDecidesAsGlobal(t *testing.T) {
 		require.Equal(t, n, windowCount(t, c, prefix, key, ratelimit.SlidingWindow, limit, first+w+1), "%s: the window's count after the decision", what)
 	}
 	stats := commandStats(t, c)
-	t.Logf("hybrid admitted %d (%d of them by a plain call alone), denied %d; HINCRBY %v, HMGET %v, EVALSHA %v (calls, failed)",
-		admitted, plainAdmitted, denied, stats["hincrby"], stats["hmget"], stats["evalsha"])
+	t.Logf("hybrid admitted %d (%d of them by a plain call alone), denied %d (%d by a plain call alone); HINCRBY %v, HMGET %v, EVALSHA %v (calls, failed)",
+		admitted, plainAdmitted, denied, plainDenied, stats["hincrby"], stats["hmget"], stats["evalsha"])
 	require.Positive(t, admitted)
 	require.Positive(t, denied)
 	require.Positive(t, plainAdmitted, "decisions admitted by a plain sliding call alone")
+	require.Positive(t, plainDenied, "decisions denied by a plain sliding call alone")
 	require.Positive(t, stats["hincrby"][1], "plain increments met counters the global Multi wrote (WRONGTYPE)")
 }
 

@@ -197,6 +197,9 @@ func (h *Limiter) answer(q queued, r result, x exchange) {
 	switch q := q.(type) {
 	case *spentNote:
 		h.noteSent(r.err)
+	case *slidingBack:
+		q.res = r
+		close(q.done)
 	case *leaseCall:
 		if r.err != nil {
 			h.unanswered(q, r.err, r.notRun)
