@@ -587,3 +587,58 @@ func TestOutageBound(t *testing.T) {
 	require.Greater(t, all[idx+1], limit.Rate*9/10, "FailLocal serves each instance's share")
 	p.Refuse(false)
 }
+
+// A SlidingWindow refusal that a plain sliding call decides gives its
+// units back in a plain HINCRBY of -n, which the decision waits for; when
+// that give-back's reply is lost (after Redis applied it), the decision
+// still returns a denial, at its deadline, and the units are not owed
+// again: the window counts exactly what was admitted, before the key's
+// debts are flushed and after.
+func TestLostSlidingGiveBackCountedOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer c.Close()
+	direct := srv.Client()
+	defer direct.Close()
+	ctx := context.Background()
+	limit := ratelimit.Limit{Rate: 2, Period: 20 * time.Second}
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, limit.Period, 10*time.Second)
+	h, err := hybrid.New(c, limit, hybrid.WithPrefix(prefix), hybrid.WithSyncInterval(time.Hour), hybrid.WithInstances(1),
+		hybrid.WithTimeout(300*time.Millisecond), hybrid.WithAlgorithm(ratelimit.SlidingWindow))
+	require.NoError(t, err)
+	defer h.Close()
+	count := func() int { return windowCount(t, direct, prefix, "k", ratelimit.SlidingWindow, limit, idx) }
+	// A decision of another key brings a sample of Redis time (lease.lua):
+	// from then on a cold key's calls are plain.
+	d, err := h.Allow(ctx, "warm")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	// Another instance filled k's window.
+	base, err := script.KeyBase(prefix, "k")
+	require.NoError(t, err)
+	wk := script.WindowKey(base, script.Kind(ratelimit.SlidingWindow, limit), idx)
+	require.NoError(t, direct.HSet(ctx, wk, "c", 2).Err())
+	require.NoError(t, direct.Expire(ctx, wk, time.Minute).Err())
+	require.NoError(t, direct.ConfigResetStat(ctx).Err())
+
+	p.DropReplyTo([]byte("$2\r\n-1\r\n")) // the give-back's -1
+	d, err = h.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, d.Allowed)
+	require.EqualValues(t, 1, p.Stats().RepliesDropped, "the give-back's reply was lost")
+	stats := commandStats(t, direct)
+	require.EqualValues(t, 2, stats["hincrby"][0], "the plain call's increment and its give-back")
+	require.Zero(t, stats["evalsha"][0], "no script asked again")
+	require.Equal(t, 2, count(), "the give-back applied: the window holds what was admitted")
+	// (the lost reply may have opened the breaker: wait for it to close)
+	require.Eventually(t, func() bool {
+		_, err := h.Allow(ctx, "other")
+		return err == nil && !h.Stats().Degraded
+	}, 10*time.Second, 50*time.Millisecond)
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, 2, count(), "the units were not given back twice")
+}
