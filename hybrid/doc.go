@@ -26,12 +26,13 @@
 //   - Optimistic mode: an instance whose lease ran dry may admit up to Rate /
 //     (8 x instances) per window on credit, reported at the next sync; the
 //     fleet may overshoot by at most the sum of those shares per window.
-//   - Small limits: a key of a FixedWindow limit too small to lease (Rate
-//     under 8 per instance, a login limit, say) is counted exactly, a call
-//     per decision. The instance whose call fills such a window publishes
-//     it on the channel prefix + ":spent" with its next pipeline, and the
-//     instances that hear it deny the key in memory until the window ends,
-//     rather than each ask Redis to be denied. A word heard only ever
+//   - Small limits: a key of a FixedWindow or SlidingWindow limit too
+//     small to lease (Rate under 8 per instance, a login limit, say) is
+//     counted exactly, a call per decision. The instance whose call fills
+//     such a window (for SlidingWindow, brings the window's own count to
+//     the limit) publishes it on the channel prefix + ":spent" with its
+//     next pipeline, and the instances that hear it deny the key in memory
+//     until the window ends, rather than each ask Redis to be denied. A word heard only ever
 //     denies; it is forgotten when the subscription (one connection per
 //     Limiter, made once such a limit is decided) is made anew, as after a
 //     restart of Redis, and a reservation given back says the window is

@@ -195,7 +195,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	if hk == 0 { // (not hashed by find)
 		hk = h.seen.hash(k)
 	}
-	if fw && h.signals(f) {
+	if (fw || p.alg == ratelimit.SlidingWindow) && h.signals(f) {
 		h.listen()
 		if h.seen.spent(hk, idx) { // the fleet said the window is full (spent.go)
 			h.st.retiredDenied.Add(1)

@@ -69,7 +69,7 @@ type Limiter struct {
 	syncer *bgsync.Syncer[*counter]
 	wheel  wheel        // visits the syncer scheduled
 	asks   *router      // decisions' calls, sent in shared pipelines per Redis node
-	spent  *spentSignal // the fleet's word of windows spent (spent.go); nil but for FixedWindow in Strict mode
+	spent  *spentSignal // the fleet's word of windows spent (spent.go); nil but for FixedWindow and SlidingWindow in Strict mode
 	pipe   pipe
 	health health
 
@@ -145,7 +145,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 			h.send(ctx, batch)
 		}}
 	})
-	if cfg.algorithm == ratelimit.FixedWindow && cfg.mode == Strict {
+	if (cfg.algorithm == ratelimit.FixedWindow || cfg.algorithm == ratelimit.SlidingWindow) && cfg.mode == Strict {
 		h.spent = newSpentSignal(client, cfg.prefix)
 	}
 	h.wheel.interval = int64(cfg.syncInterval)
@@ -390,7 +390,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 			f, now = h.facts(), h.mono()
 			d, l, v := c.decideExact(p, e, now, f)
 			h.tell(c, v)
-			if d.Allowed && d.Remaining == 0 && e.fw && h.signals(f) {
+			if d.Allowed && e.fills(p) && h.signals(f) {
 				// This call filled a window of a limit too small to lease:
 				// denied here until its end (no lease holds units to give
 				// back), and the fleet hears it (spent.go).

@@ -16,13 +16,13 @@ import (
 
 // The fleet's word that a window is spent.
 //
-// A FixedWindow limit too small to lease (Rate < leaseShare x instances:
-// a login limit, a few a minute per user) is counted exactly, a call per
-// decision. A client over such a limit lands on every instance in turn,
-// and an instance learns that the client's window is full only by asking
-// Redis: a round trip, to deny, on each instance and in each window
-// (the surge demo, 2,000 clients at 1 per 6s over 4 instances: about 40%
-// of its round trips). So the instance whose call fills such a window,
+// A FixedWindow or SlidingWindow limit too small to lease (Rate <
+// leaseShare x instances: a login limit, a few a minute per user) is
+// counted exactly, a call per decision. A client over such a limit lands
+// on every instance in turn, and an instance learns that the client's
+// window is full only by asking Redis: a round trip, to deny, on each
+// instance and in each window (the surge demo, 2,000 clients at 1 per 6s
+// over 4 instances: about 40% of its round trips). So the instance whose call fills such a window,
 // in Strict mode, tells the fleet: it publishes the key and the window on
 // the limiter's channel (prefix + ":spent"), in the next pipeline it
 // sends anyway (a note rides it: no round trip of its own, but at a tick
@@ -30,7 +30,11 @@ import (
 // than one node, a Cluster or a Ring, where notes go at the tick), and
 // every instance of the same limit that hears it denies the key in memory
 // until the window ends: in the seen record (spend) for a key without a
-// counter, by the counter's block for one with (blockSpent).
+// counter, by the counter's block for one with (blockSpent). A
+// SlidingWindow window is full when its own count reaches the limit (see
+// fills): only a plain sliding call reads that count, so only its
+// admissions tell (lease.lua's reply tells the bound, which the previous
+// window's weight may have brought to the limit for a while).
 //
 // A word heard only ever denies: nothing is admitted on it, so the limit
 // holds whatever is lost, late or wrong. What it may cost is quota: a
@@ -126,8 +130,8 @@ func parseSpent(p *params, msg string) (idx int64, op, k string, ok bool) {
 }
 
 // signals reports whether the limiter tells the fleet of windows it fills
-// (and listens): a FixedWindow limit too small to lease, in Strict mode,
-// unless Redis refused it.
+// (and listens): a FixedWindow or SlidingWindow limit too small to lease,
+// in Strict mode, unless Redis refused it.
 func (h *Limiter) signals(f fleet) bool {
 	return h.spent != nil && !h.spent.refused.Load() && h.p.rate < leaseShare*f.instances
 }
@@ -354,6 +358,24 @@ func (h *Limiter) stopSpent(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	waitOr(ctx, s.wg.Wait)
+}
+
+// fills reports whether admitted exact call e filled its window: nothing
+// fits in it until its end. For FixedWindow, the count after it is the
+// limit. For SlidingWindow, the window's own count after it is (a plain
+// sliding call reads it; lease.lua's reply tells only the bound, which
+// the previous window's weight may have brought to the limit, and that
+// falls as the window goes on): every bound of the window is at least its
+// count, and in Strict mode nothing takes the count down before the
+// window ends but a reservation given back, which says so (opOpen).
+func (e *exactCall) fills(p *params) bool {
+	switch {
+	case e.fw:
+		return p.rate-e.res.take.Count <= 0
+	case e.sw && e.res.plain:
+		return e.res.sw.read && e.res.sw.curr >= p.rate
+	}
+	return false
 }
 
 // spentDenial is the decision of n units of a key heard spent at now, its

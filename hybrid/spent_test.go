@@ -35,12 +35,12 @@ func awayFromEdge(t *testing.T, c redis.UniversalClient) time.Time {
 // spentFleet starts n instances of spentLimit, each on a client of
 // newClient, once Redis time is away from a window's edge; it returns
 // them and when the window then current ends.
-func spentFleet(t *testing.T, n int, newClient func() redis.UniversalClient) ([]*hybrid.Limiter, time.Time) {
+func spentFleet(t *testing.T, n int, newClient func() redis.UniversalClient, opts ...hybrid.Option) ([]*hybrid.Limiter, time.Time) {
 	t.Helper()
 	rc := newClient()
 	defer rc.Close()
 	end := awayFromEdge(t, rc)
-	hs, _ := fleet(t, n, newClient, spentLimit, hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(n))
+	hs, _ := fleet(t, n, newClient, spentLimit, append([]hybrid.Option{hybrid.WithPrefix(uniq(t)), hybrid.WithInstances(n)}, opts...)...)
 	return hs, end
 }
 
@@ -79,10 +79,28 @@ func TestSpentWordCluster(t *testing.T) {
 	spentWord(t, func() redis.UniversalClient { return cl.Client() })
 }
 
-func spentWord(t *testing.T, newClient func() redis.UniversalClient) {
+// A SlidingWindow window is spent when its own count reaches the limit
+// (the previous window's weight only adds to what bounds it), which a
+// plain sliding call reads: the same word, once the filling instance has
+// a sample of Redis time (before it, lease.lua decides, and tells only
+// the bound).
+func TestSpentWordSliding(t *testing.T) {
+	srv := redistest.Standalone(t)
+	spentWord(t, func() redis.UniversalClient { return srv.Client() }, hybrid.WithAlgorithm(ratelimit.SlidingWindow))
+}
+
+func spentWord(t *testing.T, newClient func() redis.UniversalClient, opts ...hybrid.Option) {
 	ctx := context.Background()
-	hs, end := spentFleet(t, 4, newClient)
+	hs, end := spentFleet(t, 4, newClient, opts...)
 	keys := numberedKeys("spent-", 200)
+	warmed := 0
+	if hs[0].Algorithm() == ratelimit.SlidingWindow {
+		// a sample of Redis time first: then the keys' calls are plain
+		d, err := hs[0].Allow(ctx, "warm")
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		warmed = 1
+	}
 	fillAll(t, hs[0], keys)
 	heardAll(t, hs, len(keys))
 	require.EqualValues(t, len(keys), hs[0].Stats().SpentSent)
@@ -102,7 +120,7 @@ func spentWord(t *testing.T, newClient func() redis.UniversalClient) {
 			require.EqualValues(t, len(keys), after.SpentDenied, "instance %d: keys without a counter", i)
 		}
 	}
-	require.EqualValues(t, len(keys), sumStats(hs).Allowed)
+	require.EqualValues(t, len(keys)+warmed, sumStats(hs).Allowed)
 }
 
 // Redis restarted (its counts gone): the subscription is made anew and
