@@ -679,7 +679,8 @@ func TestColdKeysCluster(t *testing.T) {
 //   - TokenBucket and GCRA at 5 per second, burst 5 (a share too small to
 //     lease: every decision an exact call): at each admission a key has
 //     admitted at most Burst + Rate x elapsed since the run began, with
-//     the bucket full, and in all at least 90% of that.
+//     the bucket full, and in all at least 90% of that (without the race
+//     detector: see below).
 func TestColdKeysClusterAlgorithms(t *testing.T) {
 	cl := redistest.NewCluster(t)
 	keys := numberedKeys("cold-", 300)
@@ -733,7 +734,16 @@ func TestColdKeysClusterAlgorithms(t *testing.T) {
 				s := sumStats(hs)
 				t.Logf("admitted %d of an allowance of %.0f (%.1f%%); exact decisions %d, leases %d",
 					admitted, total, 100*float64(admitted)/total, s.ExactDecisions, s.Leases)
-				require.GreaterOrEqual(t, float64(admitted), 0.9*total, "at least 90%% of the allowance used")
+				// How much of the allowance is used depends on how fast
+				// the keys are asked: the race detector slows the driver
+				// threefold (10-23k decisions in the run against 31-34k),
+				// and used 89-96% of it against 97.7-97.8% without. The
+				// bound is asserted without the detector, in
+				// scripts/test.sh's pass of its own; the admissions'
+				// bound above, always.
+				if !raceEnabled {
+					require.GreaterOrEqual(t, float64(admitted), 0.9*total, "at least 90%% of the allowance used")
+				}
 			}
 			require.Positive(t, sumStats(hs).ExactDecisions)
 			require.Equal(t, 3, hybrid.NodeQueues(hs[0]), "one queue per master")

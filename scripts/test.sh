@@ -30,9 +30,10 @@ go test -race -count=1 -p 1 -timeout 30m ./...
 # The tests that compare the hybrid's speed with per-request Redis, measure
 # Redis memory, or need a couple of hundred thousand decisions in seconds,
 # skip themselves under the race detector (it slows the in-memory path, not
-# Redis): they run here, without it, alone.
+# Redis), or the bounds of theirs that need such speed: they run here,
+# without it, alone.
 echo "== go test (no race detector): hybrid scale tests"
-go test -count=1 -timeout 10m -run 'TestManyKeysUnderLimit|TestRedisMemoryPerKey|TestMultiManyKeysCounterDropped|TestBusyHostDefaults' -v ./hybrid/ | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|scale_test|multi_test|Error'
+go test -count=1 -timeout 10m -run 'TestManyKeysUnderLimit|TestRedisMemoryPerKey|TestMultiManyKeysCounterDropped|TestBusyHostDefaults|TestColdKeysClusterAlgorithms' -v ./hybrid/ | grep -E '^(=== RUN|--- |ok|FAIL|PASS)|scale_test|multi_test|Error'
 
 if [ -f bench/go.mod ]; then
   echo "== bench module: go test -race ./... (benchmarks not run here)"
