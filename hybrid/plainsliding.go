@@ -396,8 +396,7 @@ func (k *slidingLease) parseReplies(r reply, rest []*redis.Cmd) (reply, error) {
 		r.win.GrantNext, r.win.CountNext = g, bound+g
 		return r, nil
 	}
-	prev, next := counts[0], counts[1]
-	bound := max(satAdd(weighted(prev, periodUS-k.plainElapsed, periodUS), before), satAdd(before, next))
+	bound := slidingRead{prev: counts[0], curr: before, next: counts[1]}.bound(k.plainElapsed, periodUS)
 	g := min(w, rate-bound)
 	if g < max(1, a.Min) {
 		g = 0
