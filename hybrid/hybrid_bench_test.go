@@ -116,9 +116,19 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 // beside two peers on the same server: global, one limiter whose
 // concurrent decisions share round trips as the hybrid's do, and
 // global-per-request, a limiter per goroutine (as ratelimit-sim's
-// per-request phase): a round trip per decision.
+// per-request phase): a round trip per decision. FixedWindow's at the top
+// level; the other algorithms' (the hybrid and the per-request peer) under
+// the algorithm's name: SlidingWindow/hybrid, TokenBucket/hybrid, ...
 func BenchmarkColdKeys(b *testing.B) {
 	srv := redistest.Standalone(b)
+	coldKeys(b, srv, ratelimit.FixedWindow, "hybrid", "global", "global-per-request")
+	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
+		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, "hybrid", "global-per-request") })
+	}
+}
+
+// coldKeys runs BenchmarkColdKeys' peers named for algorithm alg.
+func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, peers ...string) {
 	limit := ratelimit.PerMinute(1_000_000)
 	client := func(b *testing.B) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
@@ -148,26 +158,31 @@ func BenchmarkColdKeys(b *testing.B) {
 		})
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 	}
-	b.Run("hybrid", func(b *testing.B) {
-		h, err := hybrid.New(client(b), limit, hybrid.WithPrefix(prefix("cold")), hybrid.WithInstances(1))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { h.Close() })
-		before := h.Stats()
-		run(b, func() (ratelimit.Limiter, error) { return h, nil })
-		s := h.Stats()
-		b.ReportMetric(float64(s.SyncRoundTrips-before.SyncRoundTrips)/float64(max(1, s.Decisions-before.Decisions)), "waited-RT/decision")
-	})
-	b.Run("global", func(b *testing.B) {
-		g, err := global.New(client(b), limit, global.WithPrefix(prefix("coldg")))
-		if err != nil {
-			b.Fatal(err)
-		}
-		run(b, func() (ratelimit.Limiter, error) { return g, nil })
-	})
-	b.Run("global-per-request", func(b *testing.B) {
-		c, p := client(b), global.WithPrefix(prefix("coldr"))
-		run(b, func() (ratelimit.Limiter, error) { return global.New(c, limit, p) })
-	})
+	peer := map[string]func(b *testing.B){
+		"hybrid": func(b *testing.B) {
+			h, err := hybrid.New(client(b), limit, hybrid.WithPrefix(prefix("cold")), hybrid.WithInstances(1), hybrid.WithAlgorithm(alg))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { h.Close() })
+			before := h.Stats()
+			run(b, func() (ratelimit.Limiter, error) { return h, nil })
+			s := h.Stats()
+			b.ReportMetric(float64(s.SyncRoundTrips-before.SyncRoundTrips)/float64(max(1, s.Decisions-before.Decisions)), "waited-RT/decision")
+		},
+		"global": func(b *testing.B) {
+			g, err := global.New(client(b), limit, global.WithPrefix(prefix("coldg")), global.WithAlgorithm(alg))
+			if err != nil {
+				b.Fatal(err)
+			}
+			run(b, func() (ratelimit.Limiter, error) { return g, nil })
+		},
+		"global-per-request": func(b *testing.B) {
+			c, p := client(b), global.WithPrefix(prefix("coldr"))
+			run(b, func() (ratelimit.Limiter, error) { return global.New(c, limit, p, global.WithAlgorithm(alg)) })
+		},
+	}
+	for _, name := range peers {
+		b.Run(name, peer[name])
+	}
 }
