@@ -81,7 +81,7 @@ func (lc *lockedCounter) initCall(k *leaseCall, p *params, id callID, f fleet) {
 	if p.bucket {
 		*k = leaseCall{c: lc.counter(), bucket: true, bkt: script.BucketArgs{
 			Algorithm: p.alg, Limit: p.limit, Now: id.now,
-			Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1,
+			Nonce: id.nonce, Seq: id.seq, Instances: f.instances, Min: 1, Head: p.head,
 		}}
 		return
 	}

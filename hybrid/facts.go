@@ -26,6 +26,7 @@ type params struct {
 	interval int64 // the sync interval, ns
 	useGrain int64 // resolution of counter.lastUse, ns
 	kind     string
+	head     *[5]any // a bucket call's ARGV[1..5], boxed once (script.BucketHead)
 	prefix   string
 	holder   string // the Limiter's name in a bucket's records of held tokens
 	policy   policy // window or bucket leases
@@ -51,6 +52,7 @@ func newParams(limit ratelimit.Limit, cfg config) *params {
 		holder:   cfg.holder,
 	}
 	if p.bucket {
+		p.head = script.BucketHead(cfg.algorithm, limit)
 		p.policy = buckets{p}
 	} else {
 		p.policy = windows{p}

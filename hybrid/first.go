@@ -218,7 +218,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	case p.bucket:
 		// the bucket script for exactly n, as a key with a counter sends it
 		e = &exactCall{n: n, key: key, done: make(chan struct{}),
-			call: &leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
+			call: &leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}
 	case fw:
 		plain, pidx := plainWindow(p, id.now, now, f.clock)
 		if !plain {

@@ -260,3 +260,33 @@ func TestBucketHeldKeyLives(t *testing.T) {
 		})
 	}
 }
+
+// TestBucketHead: a call's ARGV[1..5] (bucket.lua's algorithm, the
+// state's kind and the bucket's three numbers), worked out by hand, are
+// the same whether Args boxes them or takes BucketHead's, and the rest
+// follows them unchanged.
+func TestBucketHead(t *testing.T) {
+	const minute = 60_000_000 // µs
+	cases := []struct {
+		alg  ratelimit.Algorithm
+		lim  ratelimit.Limit
+		head []any
+	}{
+		{ratelimit.TokenBucket, ratelimit.Limit{Rate: 2, Period: time.Second}, []any{"tb", "tb:2:1000000:2", int64(2), int64(1_000_000), int64(2_000_000)}},
+		{ratelimit.TokenBucket, ratelimit.Limit{Rate: 2000, Period: time.Minute, Burst: 5000}, []any{"tb", "tb:2000:60000000:5000", int64(2000), int64(minute), int64(5000 * minute)}},
+		{ratelimit.GCRA, ratelimit.Limit{Rate: 2, Period: time.Second}, []any{"gcra", "gcra:2:1000000:2", int64(500_000), int64(1_000_000), int64(0)}},
+		{ratelimit.GCRA, ratelimit.Limit{Rate: 2000, Period: time.Minute, Burst: 5000}, []any{"gcra", "gcra:2000:60000000:5000", int64(30_000), int64(5000 * 30_000), int64(0)}},
+	}
+	for _, c := range cases {
+		for _, a := range []script.BucketArgs{
+			{Base: "p:{k}:", Now: 1_700_000_000_123_456, Instances: 1, Want: 1, Min: 1},
+			{Base: "p:{k}:", Now: -1, Nonce: "abc", Resent: true, Instances: 4, Want: 9, Min: 1, Refund: 3, Use: 2, Holder: "h1", Keep: 5, HoldUS: 2_000_000, Back: 1},
+		} {
+			a.Algorithm, a.Limit = c.alg, c.lim
+			boxed := a.Args()
+			require.Equal(t, c.head, boxed[:5], "%v %v", c.alg, c.lim)
+			a.Head = script.BucketHead(c.alg, c.lim)
+			require.Equal(t, boxed, a.Args(), "%v %v", c.alg, c.lim)
+		}
+	}
+}

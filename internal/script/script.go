@@ -229,6 +229,24 @@ type BucketArgs struct {
 	// Back: tokens decisions gave back (they used less than they took),
 	// whoever held them: unlike Refund, not bounded by a record.
 	Back int64
+
+	// Head: ARGV[1..5] as BucketHead returns them for Algorithm and Limit
+	// (not sent as such), so that the calls of one limit box them once;
+	// nil: Args works them out.
+	Head *[5]any
+}
+
+// BucketHead returns the arguments of a Bucket call that depend on the
+// algorithm and the limit alone (ARGV[1..5]: see bucket.lua), for
+// BucketArgs.Head.
+func BucketHead(alg ratelimit.Algorithm, l ratelimit.Limit) *[5]any {
+	p := int64(l.Period / time.Microsecond)
+	b := int64(l.Capacity(alg))
+	if alg == ratelimit.GCRA {
+		t := p / int64(l.Rate)
+		return &[5]any{"gcra", Kind(alg, l), t, b * t, int64(0)}
+	}
+	return &[5]any{"tb", Kind(alg, l), int64(l.Rate), p, b * p}
 }
 
 // Keys returns the KEYS of the call.
@@ -236,12 +254,9 @@ func (a *BucketArgs) Keys() []string { return []string{a.Base} }
 
 // Args returns the ARGV of the call.
 func (a *BucketArgs) Args() []any {
-	p := int64(a.Limit.Period / time.Microsecond)
-	b := int64(a.Limit.Capacity(a.Algorithm))
-	algo, x, y, z := "tb", int64(a.Limit.Rate), p, b*p
-	if a.Algorithm == ratelimit.GCRA {
-		t := p / int64(a.Limit.Rate)
-		algo, x, y, z = "gcra", t, b*t, 0
+	head := a.Head
+	if head == nil {
+		head = BucketHead(a.Algorithm, a.Limit)
 	}
 	now := a.Now
 	if now <= 0 {
@@ -251,8 +266,9 @@ func (a *BucketArgs) Args() []any {
 	if a.Resent {
 		resent = 1
 	}
-	args := []any{algo, Kind(a.Algorithm, a.Limit), x, y, z, now, a.Nonce, resent,
-		a.Instances, a.Want, a.Min, a.Refund, a.Use, a.Holder, a.Keep, a.HoldUS, a.Back}
+	args := append(make([]any, 0, 17), head[:]...)
+	args = append(args, now, a.Nonce, resent,
+		a.Instances, a.Want, a.Min, a.Refund, a.Use, a.Holder, a.Keep, a.HoldUS, a.Back)
 	// the arguments from ARGV[12] on default to 0 and "": an exact call
 	// sends none of them (each costs Redis about 60ns)
 	for len(args) > 11 && isZero(args[len(args)-1]) {
