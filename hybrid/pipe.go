@@ -146,50 +146,11 @@ func honorsDeadlines(client rediser) bool {
 // whatever the client's own timeouts: past it, every request is in doubt
 // (ok false) and its replies, should they come, are never read.
 func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange {
-	// Written by the call's goroutine: read only once it finished in time.
-	var x exchange
-	var cmds []*redis.Cmd
-	var rest [][]*redis.Cmd // the other commands of requests with a repliesParser
-	sent := reqs            // what was sent last for each request (a fallback replaces it)
-	if !p.bounded(ctx, func(ctx context.Context) {
-		x.before = p.mono()
-		cmds, rest, x.err = p.run(ctx, reqs)
-		// Requests that did not run are sent again at once: those that met
-		// NOSCRIPT once the scripts are loaded, and plain commands that met
-		// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
-		for pass := 0; pass < 2; pass++ {
-			var again []request
-			var at []int
-			for i, cmd := range cmds {
-				switch err := cmd.Err(); {
-				case script.IsNoScript(err):
-				case err != nil && sent[i].fallback != nil && redis.HasErrorPrefix(err, "WRONGTYPE"):
-					if len(sent) > 0 && &sent[0] == &reqs[0] {
-						sent = slices.Clone(reqs)
-					}
-					sent[i] = sent[i].fallback.fallbackRequest()
-				default:
-					continue
-				}
-				again, at = append(again, sent[i]), append(at, i)
-			}
-			if len(again) == 0 || ctx.Err() != nil {
-				break
-			}
-			if anyNoScript(cmds) && p.load(ctx, again) != nil {
-				break
-			}
-			x.before = p.mono()
-			var redo []*redis.Cmd
-			redo, _, x.err = p.run(ctx, again) // (fallbacks and scripts: no repliesParser)
-			for j, i := range at {
-				cmds[i] = redo[j]
-			}
-		}
-		x.after = p.mono()
-	}) {
+	e := &exchangeRun{p: p, ctx: ctx, reqs: reqs, sent: reqs}
+	if !p.bounded(ctx, e) {
 		return exchange{}
 	}
+	x, cmds, sent, rest := e.x, e.cmds, e.sent, e.rest
 	x.ok = true
 	for i, cmd := range cmds {
 		v, err := cmd.Result()
@@ -205,6 +166,63 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 		res[i].err, res[i].notRun = err, err != nil && notRun(err)
 	}
 	return x
+}
+
+// exchangeRun is one exec's round trip as the goroutine that runs it
+// sees it (one allocation for all it keeps): what it sends, and what it
+// learned, which exec reads only once the run finished in time.
+type exchangeRun struct {
+	p    *pipe
+	ctx  context.Context
+	reqs []request
+	done chan struct{} // closed when the run is over (bounded, off the caller's goroutine)
+
+	x    exchange
+	cmds []*redis.Cmd
+	rest [][]*redis.Cmd // the other commands of requests with a repliesParser
+	sent []request      // what was sent last for each request (a fallback replaces it)
+}
+
+func (e *exchangeRun) run() {
+	if e.done != nil {
+		defer close(e.done)
+	}
+	p, ctx, reqs := e.p, e.ctx, e.reqs
+	e.x.before = p.mono()
+	e.cmds, e.rest, e.x.err = p.run(ctx, reqs)
+	// Requests that did not run are sent again at once: those that met
+	// NOSCRIPT once the scripts are loaded, and plain commands that met
+	// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
+	for pass := 0; pass < 2; pass++ {
+		var again []request
+		var at []int
+		for i, cmd := range e.cmds {
+			switch err := cmd.Err(); {
+			case script.IsNoScript(err):
+			case err != nil && e.sent[i].fallback != nil && redis.HasErrorPrefix(err, "WRONGTYPE"):
+				if len(e.sent) > 0 && &e.sent[0] == &reqs[0] {
+					e.sent = slices.Clone(reqs)
+				}
+				e.sent[i] = e.sent[i].fallback.fallbackRequest()
+			default:
+				continue
+			}
+			again, at = append(again, e.sent[i]), append(at, i)
+		}
+		if len(again) == 0 || ctx.Err() != nil {
+			break
+		}
+		if anyNoScript(e.cmds) && p.load(ctx, again) != nil {
+			break
+		}
+		e.x.before = p.mono()
+		var redo []*redis.Cmd
+		redo, _, e.x.err = p.run(ctx, again) // (fallbacks and scripts: no repliesParser)
+		for j, i := range at {
+			e.cmds[i] = redo[j]
+		}
+	}
+	e.x.after = p.mono()
 }
 
 // run sends reqs in one pipeline. It returns each request's first command
@@ -279,7 +297,7 @@ func (p *pipe) load(ctx context.Context, reqs []request) error {
 // call runs one request on its own, bounded by ctx as exec is.
 func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) error {
 	res := make(chan error, 1)
-	p.runners.run(func() { res <- fn(ctx) })
+	p.runners.run(jobFunc(func() { res <- fn(ctx) }))
 	select {
 	case err := <-res:
 		return err
@@ -288,25 +306,22 @@ func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) err
 	}
 }
 
-// bounded runs fn on a goroutine of p.runners and waits for it until
-// ctx is done, whatever the Redis client's own timeouts: a call the client
+// bounded runs e on a goroutine of p.runners and waits for it until ctx
+// is done, whatever the Redis client's own timeouts: a call the client
 // does not give up on by itself (one without ContextTimeoutEnabled waits its
 // ReadTimeout) is abandoned there, and ends on its own later. It reports
-// whether fn returned in time; only then may the caller read what fn
-// wrote. With a client that honours deadlines, fn runs on the caller's
+// whether e's run returned in time; only then may the caller read what it
+// wrote. With a client that honours deadlines, e runs on the caller's
 // goroutine: one hand-off less per pipeline.
-func (p *pipe) bounded(ctx context.Context, fn func(ctx context.Context)) bool {
+func (p *pipe) bounded(ctx context.Context, e *exchangeRun) bool {
 	if p.ctxBound {
-		fn(ctx)
+		e.run()
 		return ctx.Err() == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}
-	done := make(chan struct{})
-	p.runners.run(func() {
-		fn(ctx)
-		close(done)
-	})
+	e.done = make(chan struct{})
+	p.runners.run(e)
 	select {
-	case <-done:
+	case <-e.done:
 		return true
 	case <-ctx.Done():
 		return false
@@ -347,7 +362,7 @@ func notRun(err error) bool {
 type runners struct {
 	wg      *gosync.WaitGroup
 	mu      gosync.Mutex
-	idle    []chan func()
+	idle    []chan job
 	stopped bool
 	started int // goroutines started, ever
 }
@@ -356,8 +371,18 @@ type runners struct {
 // near Redis, with the probes and the syncer's calls beside them.
 const maxIdleRunners = 4
 
+// job is what a runner runs: an exchange (exchangeRun), or a function
+// (jobFunc). (An interface, not a func: an exchange is run with no
+// closure allocated for it.)
+type job interface{ run() }
+
+// jobFunc is a job that is a function.
+type jobFunc func()
+
+func (f jobFunc) run() { f() }
+
 // run runs fn on an idle runner, or on a new one.
-func (r *runners) run(fn func()) {
+func (r *runners) run(fn job) {
 	r.mu.Lock()
 	if n := len(r.idle); n > 0 {
 		work := r.idle[n-1]
@@ -368,7 +393,7 @@ func (r *runners) run(fn func()) {
 	}
 	r.started++
 	r.mu.Unlock()
-	work := make(chan func(), 1)
+	work := make(chan job, 1)
 	work <- fn
 	r.wg.Add(1)
 	go r.loop(work)
@@ -376,10 +401,10 @@ func (r *runners) run(fn func()) {
 
 // loop runs what comes on work until it is closed, or until it finds no
 // place among the idle runners.
-func (r *runners) loop(work chan func()) {
+func (r *runners) loop(work chan job) {
 	defer r.wg.Done()
 	for fn := range work {
-		fn()
+		fn.run()
 		r.mu.Lock()
 		if r.stopped || len(r.idle) >= maxIdleRunners {
 			r.mu.Unlock()

@@ -19,7 +19,7 @@ func TestRunners(t *testing.T) {
 	ran := 0
 	for range 100 {
 		done := make(chan struct{})
-		r.run(func() { ran++; close(done) })
+		r.run(jobFunc(func() { ran++; close(done) }))
 		<-done
 		// The runner puts itself back among the idle after its call: wait
 		// for it, as the next call would come later.
@@ -33,7 +33,7 @@ func TestRunners(t *testing.T) {
 	var calls gosync.WaitGroup
 	calls.Add(busy)
 	for range busy {
-		r.run(func() { <-release; calls.Done() })
+		r.run(jobFunc(func() { <-release; calls.Done() }))
 	}
 	close(release)
 	calls.Wait()
@@ -43,7 +43,7 @@ func TestRunners(t *testing.T) {
 	r.stop()
 	wg.Wait() // every runner ended
 	done := make(chan struct{})
-	r.run(func() { close(done) })
+	r.run(jobFunc(func() { close(done) }))
 	<-done
 	wg.Wait()
 	require.Empty(t, r.idle)
