@@ -39,10 +39,10 @@ type queue struct {
 	maxInFlight int
 	gap         func() time.Duration // how long a batch is out before another may go beside it; 0: none may
 	mono        func() int64
-	send        func(batch []queued)
-	wg          *gosync.WaitGroup // the goroutines sending, for Close to wait on
-	yield       func()            // runtime.Gosched when nil (a test's stand-in)
-	now         func() time.Time  // time.Now when nil (a test's stand-in): times the yields
+	send        func(batch []queued) // must not keep batch once it returns: its slice is queued into again
+	wg          *gosync.WaitGroup    // the goroutines sending, for Close to wait on
+	yield       func()               // runtime.Gosched when nil (a test's stand-in)
+	now         func() time.Time     // time.Now when nil (a test's stand-in): times the yields
 
 	// After a slow yield (see awaitReturn): batches left to take without
 	// yielding first, and how many the next slow yield skips.
@@ -117,21 +117,26 @@ func (q *queue) unlockStarting(start bool) {
 	}
 }
 
-// drain sends queued batches until none is left.
+// drain sends queued batches until none is left. The calls queued while
+// one batch is out go into the slice of the batch before it, emptied:
+// a closed loop's queue grows no slice per round trip.
 func (q *queue) drain() {
 	defer q.wg.Done()
+	var spare []queued
 	for {
 		q.mu.Lock()
 		batch := q.items
-		q.items = nil
 		if len(batch) == 0 {
 			q.running--
 			q.mu.Unlock()
 			return
 		}
+		q.items = spare
 		q.sentAt = q.mono()
 		q.mu.Unlock()
 		q.send(batch)
+		clear(batch) // (the calls it answered are not kept alive by it)
+		spare = batch[:0]
 		q.awaitReturn()
 	}
 }
