@@ -75,6 +75,13 @@ type exactCall struct {
 	x     exchange      // the round trip that answered
 }
 
+// exactWithArgs is an exactCall that is not FixedWindow's, with the
+// arguments its call points to: one allocation for both.
+type exactWithArgs struct {
+	exactCall
+	args leaseCall
+}
+
 // exactCall.back
 const (
 	backNone   = iota // none sent
@@ -361,7 +368,15 @@ func (lc *lockedCounter) warm(p *params, t tickFacts, f fleet) bool {
 // A FixedWindow call is a plain increment when plainWindow, at at (mono)
 // when it is made, finds the window it counts in.
 func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f fleet) *exactCall {
-	e := &exactCall{c: lc.counter(), n: n, fw: p.alg == ratelimit.FixedWindow, done: make(chan struct{})}
+	fw := p.alg == ratelimit.FixedWindow
+	var e *exactCall
+	if fw {
+		e = &exactCall{c: lc.counter(), n: n, fw: true, done: make(chan struct{})}
+	} else {
+		w := &exactWithArgs{exactCall: exactCall{c: lc.counter(), n: n, done: make(chan struct{})}}
+		e = &w.exactCall
+		e.call = &w.args
+	}
 	lc.oweLate()
 	lc.oweCredit()
 	if e.fw {
@@ -389,7 +404,8 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 		return e
 	}
 	id.nonce = "" // never sent twice: no replay record
-	e.call = lc.newCall(p, id, f)
+	lc.initCall(e.call, p, id, f)
+	e.call.setBase(lc.base(p))
 	if ok, idx, srv, elapsed := lc.plainSliding(p, id.now, n, at, f); ok {
 		// (its debts stay with the key: see plainsliding.go)
 		e.call.win.Want, e.call.win.Min, e.call.win.Instances = n, n, 1

@@ -217,8 +217,10 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	switch {
 	case p.bucket:
 		// the bucket script for exactly n, as a key with a counter sends it
-		e = &exactCall{n: n, key: key, done: make(chan struct{}),
-			call: &leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}
+		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{})},
+			args: leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}
+		e = &w.exactCall
+		e.call = &w.args
 	case fw:
 		plain, pidx := plainWindow(p, id.now, now, f.clock)
 		if !plain {
@@ -236,8 +238,10 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		if !ok {
 			return t
 		}
-		e = &exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv,
-			call: &leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
+		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv},
+			args: leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
+		e = &w.exactCall
+		e.call = &w.args
 	}
 	t.seed = seed{idx: e.window(), uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
 	if p.bucket {
