@@ -125,16 +125,28 @@ func (e *exactCall) slidingRequest() request {
 	cur := script.WindowKey(a.Base, a.Kind, e.swIdx)
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((e.swIdx+2)*periodUS+999)/1000 + 1000 // ms, as lease.lua's expiry of a SlidingWindow counter
+	// One allocation for the commands and their arguments, the counter's
+	// key boxed once for both of its commands.
+	b := new(slidingCmds)
+	var kv any = cur
+	b.hincrby = [...]any{"hincrby", kv, "c", e.n}
+	b.prev = [...]any{"hmget", script.WindowKey(a.Base, a.Kind, e.swIdx-1), "c"}
+	b.next = [...]any{"hmget", script.WindowKey(a.Base, a.Kind, e.swIdx+1), "c"}
+	b.pexpireat = [...]any{"pexpireat", kv, expireAt}
+	b.cmds = [...][]any{b.hincrby[:], b.prev[:], b.next[:], b.pexpireat[:]}
 	return request{
-		cmds: [][]any{
-			{"hincrby", cur, "c", e.n},
-			{"hmget", script.WindowKey(a.Base, a.Kind, e.swIdx-1), "c"},
-			{"hmget", script.WindowKey(a.Base, a.Kind, e.swIdx+1), "c"},
-			{"pexpireat", cur, expireAt},
-		},
+		cmds:     b.cmds[:],
 		parse:    (*slidingExact)(e),
 		fallback: (*slidingExact)(e),
 	}
+}
+
+// slidingCmds holds the commands of a plain sliding call.
+type slidingCmds struct {
+	cmds       [4][]any
+	hincrby    [4]any
+	prev, next [3]any
+	pexpireat  [3]any
 }
 
 // slidingExact is an exactCall sent as a plain sliding call: it reads its
@@ -258,10 +270,10 @@ func readCounts(rest []*redis.Cmd) (counts [2]int64, other bool, err error) {
 	}
 	for i, cmd := range rest[:2] {
 		v, err := cmd.Result()
-		if redis.HasErrorPrefix(err, "WRONGTYPE") {
-			return counts, true, nil
-		}
-		if err != nil {
+		if err != nil { // (HasErrorPrefix allocates even for no error: asked only of one)
+			if redis.HasErrorPrefix(err, "WRONGTYPE") {
+				return counts, true, nil
+			}
 			return counts, false, err
 		}
 		if counts[i], err = hmgetCount(v); err != nil {
