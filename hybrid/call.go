@@ -92,9 +92,7 @@ func (lc *lockedCounter) initCall(k *leaseCall, p *params, id callID, f fleet) {
 }
 
 // base is the Redis key base of the key's calls.
-func (lc *lockedCounter) base(p *params) string {
-	return p.prefix + ":{" + tagOf(lc.key) + "}:"
-}
+func (lc *lockedCounter) base(p *params) string { return keyBase(p.prefix, lc.key) }
 
 func (k *leaseCall) setBase(base string) {
 	if k.bucket {

@@ -57,6 +57,7 @@ type exactCall struct {
 	fw    bool            // take.lua or a plain increment; else the lease or bucket script for exactly n
 	take  script.TakeArgs // fw
 	plain bool            // fw: a plain increment of window take.AdjustIdx (see plainWindow)
+	wkey  string          // plain: the key of the window's counter ("": work it out)
 	// plain: the server time the call is made at (the estimate, or
 	// WithClock's), microseconds
 	serverUS int64
@@ -189,7 +190,10 @@ func (e *exactCall) takeRequest() request {
 // is counted by take.lua instead, in the same exchange.
 func (e *exactCall) plainRequest() request {
 	a := e.take
-	k := script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
+	k := e.wkey
+	if k == "" {
+		k = script.WindowKey(a.Base, a.Kind, a.AdjustIdx)
+	}
 	periodUS := int64(a.Limit.Period / time.Microsecond)
 	expireAt := ((a.AdjustIdx+1)*periodUS+999)/1000 + 1000 // ms
 	// One allocation for the commands and their arguments, the key boxed
@@ -382,10 +386,14 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 	if e.fw {
 		idx, _ := p.policy.window(lc, now, f)
 		plain, pidx := plainWindow(p, id.now, at, f.clock)
+		var base string
 		if plain {
 			idx = pidx
+			e.wkey, base = windowKey(p.prefix, lc.key, p.kind, idx)
+		} else {
+			base = lc.base(p)
 		}
-		e.take = script.TakeArgs{Base: p.prefix + ":{" + tagOf(lc.key) + "}:", Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: idx}
+		e.take = script.TakeArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: idx}
 		for i, d := range lc.debts {
 			if d.idx == idx {
 				e.take.Refund, e.take.Use = d.refund, d.use

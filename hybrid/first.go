@@ -212,10 +212,10 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		return t
 	}
 	id := h.clockID()
-	base := p.prefix + ":{" + tagOf(k) + "}:"
 	var e *exactCall
 	switch {
 	case p.bucket:
+		base := keyBase(p.prefix, k)
 		// the bucket script for exactly n, as a key with a counter sends it
 		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{})},
 			args: leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}
@@ -230,7 +230,9 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		if e.serverUS <= 0 {
 			e.serverUS = f.clock.ServerAt(now)
 		}
+		wkey, base := windowKey(p.prefix, k, p.kind, pidx)
 		e.take = script.TakeArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, N: n, AdjustIdx: pidx}
+		e.wkey = wkey
 	default:
 		// a plain sliding call (plainsliding.go), lease.lua for exactly n
 		// its fallback
@@ -238,6 +240,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		if !ok {
 			return t
 		}
+		base := keyBase(p.prefix, k)
 		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv},
 			args: leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
 		e = &w.exactCall
