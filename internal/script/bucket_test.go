@@ -290,3 +290,17 @@ func TestBucketHead(t *testing.T) {
 		}
 	}
 }
+
+// TestBucketArgsAllocs: with its head boxed once (BucketHead), a cold
+// call's ARGV costs two allocations, the slice and the time; working the
+// head out per call costs eight or nine more (the kind's string and the
+// boxed numbers): 11 for a TokenBucket, 10 for a GCRA.
+func TestBucketArgsAllocs(t *testing.T) {
+	lim := ratelimit.Limit{Rate: 2000, Period: time.Second}
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		a := script.BucketArgs{Base: "p:{k}:", Algorithm: alg, Limit: lim, Now: 1_700_000_000_123_456, Instances: 1, Want: 1, Min: 1, Head: script.BucketHead(alg, lim)}
+		require.LessOrEqual(t, testing.AllocsPerRun(100, func() { _ = a.Args() }), 2.0, alg)
+		a.Head = nil
+		require.Greater(t, testing.AllocsPerRun(100, func() { _ = a.Args() }), 2.0, "%v: the head worked out per call", alg)
+	}
+}
