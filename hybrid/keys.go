@@ -2,7 +2,6 @@ package hybrid
 
 import (
 	"hash/fnv"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/hybridlimit/ratelimit/internal/script"
@@ -196,20 +195,9 @@ func tagOf(k string) string {
 func keyBase(prefix, k string) string { return prefix + ":{" + tagOf(k) + "}:" }
 
 // windowKey is script.WindowKey of window idx of kind for user key k under
-// prefix, with the key base, which is the start of it: one allocation for
-// both.
+// prefix, with the key base, the start of it (script.TaggedWindowKey).
 func windowKey(prefix, k, kind string, idx int64) (key, base string) {
-	var buf [128]byte // (one allocation, the string, when it fits)
-	b := append(buf[:0], prefix...)
-	b = append(b, ":{"...)
-	b = append(b, tagOf(k)...)
-	b = append(b, "}:"...)
-	n := len(b)
-	b = append(b, kind...)
-	b = append(b, ':')
-	b = strconv.AppendInt(b, idx, 10)
-	key = string(b)
-	return key, key[:n]
+	return script.TaggedWindowKey(prefix, tagOf(k), kind, idx)
 }
 
 // leadOf is how long before its window's end a key leases the next window:

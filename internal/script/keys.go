@@ -72,9 +72,26 @@ func Kind(a ratelimit.Algorithm, l ratelimit.Limit) string {
 // counters.
 func WindowKey(base, kind string, idx int64) string {
 	var buf [128]byte // (one allocation, the string, when it fits)
-	b := append(buf[:0], base...)
+	return string(appendWindow(append(buf[:0], base...), kind, idx))
+}
+
+// TaggedWindowKey is WindowKey for the key base "<prefix>:{<tag>}:" (see
+// KeyBase), built in the same string: it returns the key and the base,
+// which is the start of it (one allocation for both).
+func TaggedWindowKey(prefix, tag, kind string, idx int64) (key, base string) {
+	var buf [128]byte
+	b := append(buf[:0], prefix...)
+	b = append(b, ":{"...)
+	b = append(b, tag...)
+	b = append(b, "}:"...)
+	n := len(b)
+	key = string(appendWindow(b, kind, idx))
+	return key, key[:n]
+}
+
+// appendWindow appends what follows the key base in a window's key.
+func appendWindow(b []byte, kind string, idx int64) []byte {
 	b = append(b, kind...)
 	b = append(b, ':')
-	b = strconv.AppendInt(b, idx, 10)
-	return string(b)
+	return strconv.AppendInt(b, idx, 10)
 }
