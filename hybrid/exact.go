@@ -83,6 +83,12 @@ type exactWithArgs struct {
 	args leaseCall
 }
 
+// exact returns w's exactCall, its call pointing to w's arguments.
+func (w *exactWithArgs) exact() *exactCall {
+	w.call = &w.args
+	return &w.exactCall
+}
+
 // exactCall.back
 const (
 	backNone   = iota // none sent
@@ -377,9 +383,7 @@ func (lc *lockedCounter) newExact(p *params, id callID, n, now, at int64, f flee
 	if fw {
 		e = &exactCall{c: lc.counter(), n: n, fw: true, done: make(chan struct{})}
 	} else {
-		w := &exactWithArgs{exactCall: exactCall{c: lc.counter(), n: n, done: make(chan struct{})}}
-		e = &w.exactCall
-		e.call = &w.args
+		e = (&exactWithArgs{exactCall: exactCall{c: lc.counter(), n: n, done: make(chan struct{})}}).exact()
 	}
 	lc.oweLate()
 	lc.oweCredit()

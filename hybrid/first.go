@@ -217,10 +217,8 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 	case p.bucket:
 		base := keyBase(p.prefix, k)
 		// the bucket script for exactly n, as a key with a counter sends it
-		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{})},
-			args: leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}
-		e = &w.exactCall
-		e.call = &w.args
+		e = (&exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{})},
+			args: leaseCall{bucket: true, bkt: script.BucketArgs{Base: base, Algorithm: p.alg, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1, Head: p.head}}}).exact()
 	case fw:
 		plain, pidx := plainWindow(p, id.now, now, f.clock)
 		if !plain {
@@ -241,10 +239,8 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 			return t
 		}
 		base := keyBase(p.prefix, k)
-		w := &exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv},
-			args: leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}
-		e = &w.exactCall
-		e.call = &w.args
+		e = (&exactWithArgs{exactCall: exactCall{n: n, key: key, done: make(chan struct{}), sw: true, swIdx: swIdx, swElapsed: elapsed, serverUS: srv},
+			args: leaseCall{win: script.LeaseArgs{Base: base, Kind: p.kind, Limit: p.limit, Now: id.now, Want: n, Min: n, Instances: 1}}}).exact()
 	}
 	t.seed = seed{idx: e.window(), uses: n} // (the counter, if one is made, decides the call: it counts it as asked then)
 	if p.bucket {
