@@ -247,8 +247,7 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		t.seed.idx = idx
 	}
 	h.exacts.Add(1)
-	h.asks.add(e)
-	answered, err := e.await(ctx, timeout, expired)
+	answered, err := e.waited(h.asks.own(e, waitFor{ctx, e.done, timeout, expired}))
 	t.e, t.err = answered, err // (nil: it stopped waiting, and the reply, when it comes, is owed back)
 	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t

@@ -131,6 +131,51 @@ func TestFirstDecisionAbandonedOrDenied(t *testing.T) {
 	require.Equal(t, rts, h.Stats().SyncRoundTrips, "denied in memory after the denial")
 }
 
+// A lone decision sends its own call (its instance has nothing else on
+// its way to Redis); when its context ends while the call is out, it
+// returns at once with the context's error, whatever the client's
+// options, and its call finishes without it: the late reply's unit is
+// owed back and given back, and the next lone decision sends its own call
+// again.
+func TestLoneDecisionCanceled(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+			direct := srv.Client()
+			defer direct.Close()
+			p, err := faultproxy.New(srv.Addr())
+			require.NoError(t, err)
+			defer p.Close()
+			c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
+			defer c.Close()
+			prefix := uniq(t)
+			idx := freshWindow(t, direct, time.Hour, 30*time.Second)
+			h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(5*time.Second))
+			require.NoError(t, err)
+			defer h.Close()
+			before := h.Stats()
+
+			p.SetLatency(300 * time.Millisecond)
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(50*time.Millisecond, cancel)
+			_, err = h.Allow(ctx, "canceled")
+			require.ErrorIs(t, err, context.Canceled, "left before the reply (600ms away), at its context's end")
+			p.SetLatency(0)
+			require.Eventually(t, func() bool { return h.Stats().KeysTracked == before.KeysTracked+1 }, 5*time.Second, 10*time.Millisecond,
+				"the late reply's unit is owed by a counter")
+			require.NoError(t, h.Flush(context.Background()))
+			require.Equal(t, 0, redisCount(t, direct, prefix, "canceled", idx), "the late reply's unit given back")
+
+			rts := h.Stats().SyncRoundTrips
+			d, err := h.Allow(context.Background(), "next")
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			require.Equal(t, rts+1, h.Stats().SyncRoundTrips, "one round trip, its own")
+			require.Equal(t, 1, redisCount(t, direct, prefix, "next", idx))
+		})
+	}
+}
+
 // On a crowded instance (its decisions' round trips carry dozens of calls)
 // a key asked once in each of two windows running, or fewer than 4 times in
 // one, makes no counter: each of its decisions is one exact call. At its

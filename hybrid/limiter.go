@@ -143,7 +143,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 			h.st.syncRoundTrips.Add(1)
 			h.crowd.add(len(batch))
 			h.send(ctx, batch)
-		}}
+		}, sendOwn: h.sendOwn}
 	})
 	if (cfg.algorithm == ratelimit.FixedWindow || cfg.algorithm == ratelimit.SlidingWindow) && cfg.mode == Strict {
 		h.spent = newSpentSignal(client, cfg.prefix)
@@ -443,14 +443,16 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 	lc := c.lock()
 	fl := lc.inFlight()
 	var e *exactCall
+	var err error
 	switch {
 	case fl != nil: // joined
 		lc.unlock()
+		err = wait(ctx, fl.Done(), timeout, expired)
 	case lc.out == nil && lc.cold(h.p, n, now, f):
 		e = lc.newExact(h.p, h.clockID(), n, now, h.mono(), f)
 		lc.unlock()
 		h.exacts.Add(1)
-		h.asks.add(e)
+		return e.waited(h.asks.own(e, waitFor{ctx, e.done, timeout, expired}))
 	default:
 		var id callID
 		if lc.out == nil {
@@ -462,12 +464,9 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 		}
 		fl = lc.startFlight(k)
 		lc.unlock()
-		h.asks.add(k)
+		err = h.asks.own(k, waitFor{ctx, fl.Done(), timeout, expired})
 	}
-	if e != nil {
-		return e.await(ctx, timeout, expired)
-	}
-	if err := wait(ctx, fl.Done(), timeout, expired); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	return nil, fl.err
@@ -488,11 +487,23 @@ func wait(ctx context.Context, done <-chan struct{}, timeout <-chan time.Time, e
 	}
 }
 
-// await waits for the reply of exact call e as wait does, and returns e
-// with its error; or, when the decision stopped waiting first, nil and why
-// (the reply, when it comes, is owed back: see answer).
-func (e *exactCall) await(ctx context.Context, timeout <-chan time.Time, expired <-chan struct{}) (*exactCall, error) {
-	if err := wait(ctx, e.done, timeout, expired); err != nil && e.abandon() {
+// waitFor is what a decision waits on: done, closed once its call is
+// answered, unless its timeout fires, the key's expiry closes or its
+// context ends first (see wait).
+type waitFor struct {
+	ctx     context.Context
+	done    <-chan struct{}
+	timeout <-chan time.Time
+	expired <-chan struct{}
+}
+
+func (w waitFor) wait() error { return wait(w.ctx, w.done, w.timeout, w.expired) }
+
+// waited returns exact call e with its error, once a wait for its reply
+// (see wait) ended with err: or, when the decision stopped waiting first,
+// nil and why (the reply, when it comes, is owed back: see answer).
+func (e *exactCall) waited(err error) (*exactCall, error) {
+	if err != nil && e.abandon() {
 		return nil, err
 	}
 	<-e.done // (when it stopped waiting, the reply came meanwhile: it is the decision's)

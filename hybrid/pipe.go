@@ -146,10 +146,21 @@ func honorsDeadlines(client rediser) bool {
 // whatever the client's own timeouts: past it, every request is in doubt
 // (ok false) and its replies, should they come, are never read.
 func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange {
-	e := &exchangeRun{p: p, ctx: ctx, reqs: reqs, sent: reqs}
+	e := p.newRun(ctx, reqs)
 	if !p.bounded(ctx, e) {
 		return exchange{}
 	}
+	return e.read(res)
+}
+
+// newRun makes the run of one exchange of reqs, bounded by ctx.
+func (p *pipe) newRun(ctx context.Context, reqs []request) *exchangeRun {
+	return &exchangeRun{p: p, ctx: ctx, reqs: reqs, sent: reqs}
+}
+
+// read reads the replies of e, a run that returned in time, into res
+// (one per request), and returns its exchange.
+func (e *exchangeRun) read(res []result) exchange {
 	x, cmds, sent, rest := e.x, e.cmds, e.sent, e.rest
 	x.ok = true
 	for i, cmd := range cmds {
@@ -318,14 +329,20 @@ func (p *pipe) bounded(ctx context.Context, e *exchangeRun) bool {
 		e.run()
 		return ctx.Err() == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}
-	e.done = make(chan struct{})
-	p.runners.run(e)
+	p.start(e)
 	select {
 	case <-e.done:
 		return true
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// start runs e on a goroutine of p.runners: e.done closes once the run is
+// over, and only then may e be read.
+func (p *pipe) start(e *exchangeRun) {
+	e.done = make(chan struct{})
+	p.runners.run(e)
 }
 
 func anyNoScript(cmds []*redis.Cmd) bool {

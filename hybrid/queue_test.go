@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	gosync "sync"
@@ -225,4 +226,94 @@ func TestQueueSlowYieldSkipsYields(t *testing.T) {
 		}
 	}
 	require.Equal(t, int64(maxSkipYields), q.skipNext.Load())
+}
+
+// ownSends records the batches a queue's callers send themselves (own);
+// each send blocks until the test releases it, or its caller's timeout
+// fires first (then the caller goes, and the send ends on its own later,
+// as Limiter.sendOwn's does).
+type ownSends struct {
+	batches chan []string
+	release chan struct{}
+}
+
+func (o *ownSends) sendOwn(batch []queued, w waitFor, after func()) error {
+	var names []string
+	for _, q := range batch {
+		names = append(names, q.base())
+	}
+	o.batches <- names
+	select {
+	case <-o.release:
+		after()
+		return w.wait()
+	case <-w.timeout:
+		go func() { <-o.release; after() }()
+		return context.DeadlineExceeded
+	}
+}
+
+func newOwnSends() *ownSends {
+	return &ownSends{batches: make(chan []string, 16), release: make(chan struct{}, 16)}
+}
+
+// A caller whose call finds the queue idle sends it itself (sendOwn, a
+// batch of its call alone) and returns once its send is over; what is
+// queued meanwhile goes in one batch after it, through a sender, and the
+// queue is idle again once that is back. A caller whose call finds a
+// batch out queues it, and waits for its answer.
+func TestQueueOwnIdleSendsItself(t *testing.T) {
+	var wg gosync.WaitGroup
+	b, o := newBlockingSends(), newOwnSends()
+	q := newTestQueue(b, 0, 16, &wg)
+	q.sendOwn = o.sendOwn
+	closed := make(chan struct{})
+	close(closed)
+	owned := make(chan error, 1)
+	go func() { owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: closed}) }()
+	require.Equal(t, []string{"a"}, <-o.batches, "sent by its caller, alone")
+	q.add(item("b"))
+	done := make(chan struct{})
+	go func() { owned <- q.own(item("c"), waitFor{ctx: context.Background(), done: done}) }()
+	b.none(t, 50*time.Millisecond) // a is out: b and c wait for it
+	require.False(t, q.idle())
+	o.release <- struct{}{}
+	require.NoError(t, <-owned)
+	require.Equal(t, []string{"b", "c"}, b.next(t), "what came while a was out, together")
+	select {
+	case o := <-o.batches:
+		t.Fatalf("c, which found a batch out, was sent by its caller: %v", o)
+	default:
+	}
+	b.release <- struct{}{}
+	close(done) // (c's answer)
+	require.NoError(t, <-owned)
+	wg.Wait()
+	require.True(t, q.idle())
+}
+
+// A caller whose wait ends while it sends its own call (its timeout
+// fired) returns at once with why, and the queue stays busy until the
+// send is over; what came meanwhile goes out after it.
+func TestQueueOwnCallerLeaves(t *testing.T) {
+	var wg gosync.WaitGroup
+	b, o := newBlockingSends(), newOwnSends()
+	q := newTestQueue(b, 0, 16, &wg)
+	q.sendOwn = o.sendOwn
+	fire := make(chan time.Time, 1)
+	owned := make(chan error, 1)
+	go func() {
+		owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: make(chan struct{}), timeout: fire})
+	}()
+	require.Equal(t, []string{"a"}, <-o.batches)
+	q.add(item("b"))
+	fire <- time.Now()
+	require.ErrorIs(t, <-owned, context.DeadlineExceeded, "the caller went at its timeout")
+	require.False(t, q.idle(), "its send is still out")
+	b.none(t, 50*time.Millisecond)
+	o.release <- struct{}{}
+	require.Equal(t, []string{"b"}, b.next(t))
+	b.release <- struct{}{}
+	wg.Wait()
+	require.True(t, q.idle())
 }

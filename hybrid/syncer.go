@@ -103,13 +103,76 @@ func (h *Limiter) plan(c *counter, now int64) *leaseCall {
 // not seen stays outstanding, and the syncer sends it again); exact calls'
 // replies go to the decisions waiting for them.
 func (h *Limiter) send(ctx context.Context, batch []queued) error {
+	batch, buf, reqs, res := h.requests(batch)
+	return h.answerAll(batch, buf, res, h.pipe.exec(ctx, reqs, res))
+}
+
+// sendOwn sends batch, a decision's own call (see queue.own), as send
+// does, but with the pipeline on a runner while the caller waits on w
+// (the time its own deadline, context or key's expiry leave it, as well
+// as the pipeline's timeout). It returns w's answer. When the caller's
+// wait ends first, it goes, and the exchange is finished (its replies
+// read and applied, a call's reply owed back as when any wait ends
+// first) on a goroutine of its own. after runs once the exchange is
+// finished, on whichever goroutine finished it.
+func (h *Limiter) sendOwn(batch []queued, w waitFor, after func()) error {
+	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.callTimeout())
+	h.st.syncRoundTrips.Add(1)
+	h.crowd.add(len(batch))
+	batch, buf, reqs, res := h.requests(batch)
+	e := h.pipe.newRun(ctx, reqs)
+	h.pipe.start(e)
+	finish := func(ok bool) {
+		var x exchange
+		if ok {
+			x = e.read(res)
+		}
+		h.answerAll(batch, buf, res, x) // (its error went to the breaker, and each call's to the call)
+		cancel()
+		after()
+	}
+	var err error
+	select {
+	case <-e.done:
+		finish(true)
+		return w.wait()
+	case <-ctx.Done():
+		finish(false)
+		return w.wait()
+	case <-w.timeout:
+		err = context.DeadlineExceeded
+	case <-w.expired:
+		err = context.DeadlineExceeded
+	case <-w.ctx.Done():
+		err = w.ctx.Err()
+	}
+	go func() {
+		select {
+		case <-e.done:
+			finish(true)
+		case <-ctx.Done():
+			finish(false)
+		}
+	}()
+	return err
+}
+
+// requests returns batch with the notes to send beside it (withNotes),
+// and a buffer with their requests and room for their results.
+func (h *Limiter) requests(batch []queued) ([]queued, *sendBuf, []request, []result) {
 	batch = h.withNotes(batch)
 	buf := sendBufs.Get().(*sendBuf)
 	reqs, res := buf.grow(len(batch))
 	for i, q := range batch {
 		reqs[i] = q.request()
 	}
-	x := h.pipe.exec(ctx, reqs, res)
+	return batch, buf, reqs, res
+}
+
+// answerAll applies the results res of batch, sent in exchange x, with
+// buf, which held their requests: what send does once the pipeline is
+// over or abandoned.
+func (h *Limiter) answerAll(batch []queued, buf *sendBuf, res []result, x exchange) error {
 	if x.ok {
 		defer buf.release()
 	} // (else a pipeline abandoned at its deadline may still read reqs: buf is left to it)
