@@ -121,17 +121,31 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 // the algorithm's name: SlidingWindow/hybrid, TokenBucket/hybrid, ...
 func BenchmarkColdKeys(b *testing.B) {
 	srv := redistest.Standalone(b)
-	coldKeys(b, srv, ratelimit.FixedWindow, "hybrid", "global", "global-per-request")
+	coldKeys(b, srv, ratelimit.FixedWindow, false, "hybrid", "global", "global-per-request")
 	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
-		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, "hybrid", "global-per-request") })
+		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, false, "hybrid", "global-per-request") })
 	}
 }
 
-// coldKeys runs BenchmarkColdKeys' peers named for algorithm alg.
-func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, peers ...string) {
+// BenchmarkColdKeysLone: BenchmarkColdKeys with one caller, one decision
+// at a time, whatever -cpu gives the processes (-cpu 2: a lone caller
+// with a processor to spare, where a hand-off between goroutines wakes
+// the other), on a go-redis client's default options. Every round trip
+// is the decision's own, for both.
+func BenchmarkColdKeysLone(b *testing.B) {
+	srv := redistest.Standalone(b)
+	coldKeys(b, srv, ratelimit.FixedWindow, true, "hybrid", "global-per-request")
+	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
+		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, true, "hybrid", "global-per-request") })
+	}
+}
+
+// coldKeys runs BenchmarkColdKeys' peers named for algorithm alg; with
+// lone, one caller's decisions one at a time (BenchmarkColdKeysLone).
+func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, lone bool, peers ...string) {
 	limit := ratelimit.PerMinute(1_000_000)
 	client := func(b *testing.B) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: !lone})
 		b.Cleanup(func() { c.Close() })
 		return c
 	}
@@ -142,6 +156,20 @@ func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, peer
 		ctx := context.Background()
 		var n atomic.Int64
 		b.ReportAllocs()
+		if lone {
+			l, err := limiter()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := l.AllowN(ctx, "cold-"+strconv.Itoa(i), 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+			return
+		}
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
 			l, err := limiter()
