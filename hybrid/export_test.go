@@ -96,3 +96,7 @@ func SpentSubscriptions(h *Limiter) uint64 {
 
 // SpentRefused reports whether Redis refused h's words of windows spent.
 func SpentRefused(h *Limiter) bool { return h.spent != nil && h.spent.refused.Load() }
+
+// ExactCalls reports the exact calls on their way, and those that got no
+// reply (their exchange ended without one).
+func ExactCalls(h *Limiter) (out, lost int64) { return h.exacts.Load(), h.lostExacts.Load() }

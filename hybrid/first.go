@@ -1,7 +1,6 @@
 package hybrid
 
 import (
-	"context"
 	"hash/maphash"
 	"math/bits"
 	"sync/atomic"
@@ -173,10 +172,10 @@ func (s *seen) victim(b []atomic.Uint64, h, fp uint64, idx int64) int {
 // first decides a decision of n units at now of key, which
 // has no counter, without making one when it can (see above); hk is the
 // key's hash when find computed it, else 0. It waits on
-// Redis until timeout fires or expired closes. When it did not decide, the
+// Redis as w says (see waitFor). When it did not decide, the
 // decision goes on with the key's counter, made with t.seed
 // (lookupSeeded), and what first made of the call.
-func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (t firstTry) {
+func (h *Limiter) first(key string, hk uint64, n, now int64, w waitFor) (t firstTry) {
 	p := h.p
 	if p.alg == ratelimit.SlidingLog || p.mode != Strict {
 		return t
@@ -247,7 +246,8 @@ func (h *Limiter) first(ctx context.Context, key string, hk uint64, n, now int64
 		t.seed.idx = idx
 	}
 	h.exacts.Add(1)
-	answered, err := e.waited(h.asks.own(e, waitFor{ctx, e.done, timeout, expired}))
+	w.done, w.exact = e.done, e
+	answered, err := e.waited(h.asks.own(e, w))
 	t.e, t.err = answered, err // (nil: it stopped waiting, and the reply, when it comes, is owed back)
 	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t

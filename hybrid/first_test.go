@@ -133,9 +133,10 @@ func TestFirstDecisionAbandonedOrDenied(t *testing.T) {
 
 // A lone decision sends its own call (its instance has nothing else on
 // its way to Redis); when its context ends while the call is out, it
-// returns at once with the context's error, whatever the client's
-// options, and its call finishes without it: the late reply's unit is
-// owed back and given back, and the next lone decision sends its own call
+// returns with the context's error, whatever the client's options (at
+// once; or, with ContextTimeoutEnabled, where the call runs on the
+// decision's goroutine, once the call returns), and its call's reply is
+// owed back and given back; the next lone decision sends its own call
 // again.
 func TestLoneDecisionCanceled(t *testing.T) {
 	srv := redistest.Standalone(t)
@@ -159,7 +160,7 @@ func TestLoneDecisionCanceled(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(50*time.Millisecond, cancel)
 			_, err = h.Allow(ctx, "canceled")
-			require.ErrorIs(t, err, context.Canceled, "left before the reply (600ms away), at its context's end")
+			require.ErrorIs(t, err, context.Canceled, "its context ended before the reply (600ms away)")
 			p.SetLatency(0)
 			require.Eventually(t, func() bool { return h.Stats().KeysTracked == before.KeysTracked+1 }, 5*time.Second, 10*time.Millisecond,
 				"the late reply's unit is owed by a counter")
@@ -174,6 +175,59 @@ func TestLoneDecisionCanceled(t *testing.T) {
 			require.Equal(t, 1, redisCount(t, direct, prefix, "next", idx))
 		})
 	}
+}
+
+// With ContextTimeoutEnabled a lone decision's own call runs on its
+// goroutine, given until the decision's timeout. A reply later than that
+// is not waited for: the decision is denied (strict) at its timeout, and
+// a slow reply is not an outage (the breaker stays closed). For a while
+// after, lone decisions' calls go through a runner at a call's deadline
+// (4 timeouts), as a client without ContextTimeoutEnabled has them: a
+// reply later than the decision's timeout is then still read, and its
+// unit owed back and given back.
+func TestLoneDecisionLate(t *testing.T) {
+	srv := redistest.Standalone(t)
+	direct := srv.Client()
+	defer direct.Close()
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	defer p.Close()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer c.Close()
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, time.Hour, 30*time.Second)
+	const timeout = 100 * time.Millisecond
+	h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(timeout))
+	require.NoError(t, err)
+	defer h.Close()
+	ctx := context.Background()
+	d, err := h.Allow(ctx, "warm")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+
+	p.SetLatency(timeout) // a round trip of twice the timeout
+	for i, key := range []string{"inline", "runner"} {
+		d, err := h.Allow(ctx, key)
+		require.NoError(t, err, key)
+		require.False(t, d.Allowed, "%s: strict: no reply in time is a denial", key)
+		require.False(t, h.Stats().Degraded, "%s: a slow reply is not an outage", key)
+		if i == 0 {
+			_, lost := hybrid.ExactCalls(h)
+			require.EqualValues(t, 1, lost, "the first call, on the decision's goroutine, was not waited for past the decision's timeout")
+		}
+	}
+	require.Eventually(t, func() bool { out, _ := hybrid.ExactCalls(h); return out == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the second decision's call came back")
+	_, lost := hybrid.ExactCalls(h)
+	require.EqualValues(t, 1, lost, "the second decision's call, through a runner, had its late reply read")
+	p.SetLatency(0)
+	require.NoError(t, h.Flush(ctx))
+	require.Equal(t, 0, redisCount(t, direct, prefix, "runner", idx), "and its unit given back")
+	require.False(t, h.Stats().Degraded)
+	d, err = h.Allow(ctx, "after")
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	require.Equal(t, 1, redisCount(t, direct, prefix, "after", idx))
 }
 
 // On a crowded instance (its decisions' round trips carry dozens of calls)

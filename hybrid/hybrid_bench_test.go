@@ -121,31 +121,40 @@ func BenchmarkAllow10kKeysParallel(b *testing.B) {
 // the algorithm's name: SlidingWindow/hybrid, TokenBucket/hybrid, ...
 func BenchmarkColdKeys(b *testing.B) {
 	srv := redistest.Standalone(b)
-	coldKeys(b, srv, ratelimit.FixedWindow, false, "hybrid", "global", "global-per-request")
+	coldKeys(b, srv, ratelimit.FixedWindow, false, true, "hybrid", "global", "global-per-request")
 	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
-		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, false, "hybrid", "global-per-request") })
+		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, false, true, "hybrid", "global-per-request") })
 	}
 }
 
 // BenchmarkColdKeysLone: BenchmarkColdKeys with one caller, one decision
 // at a time, whatever -cpu gives the processes (-cpu 2: a lone caller
 // with a processor to spare, where a hand-off between goroutines wakes
-// the other), on a go-redis client's default options. Every round trip
-// is the decision's own, for both.
+// the other), on a go-redis client's default options, and under
+// ContextTimeoutEnabled/ on one with ContextTimeoutEnabled (the hybrid's
+// call then runs on the caller's goroutine). Every round trip is the
+// decision's own, for both.
 func BenchmarkColdKeysLone(b *testing.B) {
 	srv := redistest.Standalone(b)
-	coldKeys(b, srv, ratelimit.FixedWindow, true, "hybrid", "global-per-request")
+	coldKeys(b, srv, ratelimit.FixedWindow, true, false, "hybrid", "global-per-request")
 	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
-		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, true, "hybrid", "global-per-request") })
+		b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, true, false, "hybrid", "global-per-request") })
 	}
+	b.Run("ContextTimeoutEnabled", func(b *testing.B) {
+		coldKeys(b, srv, ratelimit.FixedWindow, true, true, "hybrid", "global-per-request")
+		for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindow, ratelimit.TokenBucket, ratelimit.GCRA} {
+			b.Run(alg.String(), func(b *testing.B) { coldKeys(b, srv, alg, true, true, "hybrid", "global-per-request") })
+		}
+	})
 }
 
-// coldKeys runs BenchmarkColdKeys' peers named for algorithm alg; with
-// lone, one caller's decisions one at a time (BenchmarkColdKeysLone).
-func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, lone bool, peers ...string) {
+// coldKeys runs BenchmarkColdKeys' peers named for algorithm alg, on
+// clients with ContextTimeoutEnabled when ctxTimeouts; with lone, one
+// caller's decisions one at a time (BenchmarkColdKeysLone).
+func coldKeys(b *testing.B, srv *redistest.Server, alg ratelimit.Algorithm, lone, ctxTimeouts bool, peers ...string) {
 	limit := ratelimit.PerMinute(1_000_000)
 	client := func(b *testing.B) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: !lone})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: ctxTimeouts})
 		b.Cleanup(func() { c.Close() })
 		return c
 	}

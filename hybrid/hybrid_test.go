@@ -313,13 +313,16 @@ func TestTimeoutBound(t *testing.T) {
 	p.Block(true) // accepts, never answers
 	const timeout = 50 * time.Millisecond
 	for _, tc := range []struct {
-		name string
-		addr string
-	}{{"hanging", p.Addr()}, {"refused", "127.0.0.1:1"}} {
+		name        string
+		addr        string
+		ctxTimeouts bool
+	}{{"hanging", p.Addr(), false}, {"refused", "127.0.0.1:1", false}, {"hanging-ContextTimeoutEnabled", p.Addr(), true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			// ReadTimeout left at go-redis' 3s default: the limiter, not the
-			// client, must bound the wait.
-			c := redis.NewClient(&redis.Options{Addr: tc.addr, MaxRetries: -1})
+			// client, must bound the wait. (With ContextTimeoutEnabled a
+			// lone decision's call runs on its own goroutine, given until
+			// its timeout.)
+			c := redis.NewClient(&redis.Options{Addr: tc.addr, MaxRetries: -1, ContextTimeoutEnabled: tc.ctxTimeouts})
 			defer c.Close()
 			h, err := hybrid.New(c, ratelimit.PerSecond(100), hybrid.WithTimeout(timeout), hybrid.WithInstances(1))
 			require.NoError(t, err)

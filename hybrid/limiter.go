@@ -76,7 +76,11 @@ type Limiter struct {
 	seq        atomic.Int64 // sequence of lease calls
 	exacts     atomic.Int64 // exact calls on their way
 	lostExacts atomic.Int64 // exact calls that got no reply
-	draining   atomic.Int32 // Flush or Close in progress: give back, do not lease
+	// ownLate: until this mono ns, a decision's own call runs on a runner
+	// (see sendOwn): one given only until its decision's wait ended got no
+	// reply in time
+	ownLate  atomic.Int64
+	draining atomic.Int32 // Flush or Close in progress: give back, do not lease
 
 	closed    atomic.Bool
 	closeOnce gosync.Once
@@ -277,6 +281,7 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 	// One deadline for the whole decision, however many lease calls it
 	// takes: a decision never waits on Redis longer than the timeout.
 	var timer *time.Timer
+	var deadline time.Time // the timer's, once set
 	defer func() {
 		if timer != nil {
 			timer.Stop() // (since Go 1.23 a stopped timer sends nothing stale once Reset)
@@ -291,13 +296,14 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 		var v visit
 		made := false // the call of a key's first decision (first.go) is e
 		if c == nil {
-			var fire <-chan time.Time
+			w := waitFor{ctx: ctx, expired: expired}
 			if expired == nil {
 				timer = timers.Get().(*time.Timer)
 				timer.Reset(h.cfg.timeout)
-				fire = timer.C
+				deadline = time.Now().Add(h.cfg.timeout)
+				w.timeout, w.deadline = timer.C, deadline
 			}
-			t := h.first(ctx, key, hk, n, now, fire, expired)
+			t := h.first(key, hk, n, now, w)
 			if t.done {
 				return t.d, nil, nil
 			}
@@ -353,15 +359,16 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 				return d, l, nil
 			}
 			// d. ask Redis, and wait
-			var fire <-chan time.Time
+			w := waitFor{ctx: ctx, expired: expired}
 			if expired == nil {
 				if timer == nil {
 					timer = timers.Get().(*time.Timer)
 					timer.Reset(h.cfg.timeout)
+					deadline = time.Now().Add(h.cfg.timeout)
 				}
-				fire = timer.C
+				w.timeout, w.deadline = timer.C, deadline
 			}
-			e, err = h.ask(ctx, c, n, now, fire, expired)
+			e, err = h.ask(c, n, now, w)
 		}
 		if err == nil && e != nil && e.late(h.clk.View()) {
 			// counted, perhaps in the window after its own: given back,
@@ -431,14 +438,15 @@ func (h *Limiter) slow(ctx context.Context, c *counter, key string, hk uint64, n
 }
 
 // ask asks Redis for a decision of n units of the key at now, and waits
-// at most until timeout fires or expired closes, whatever the Redis
-// client's own timeouts are. A cold key's decision is counted exactly: its
-// exact call is returned with its reply. A warm key's lease call is sent,
-// or the one on its way joined (a per-key singleflight), and the decision
-// takes from the lease again once it is back (nil is returned). Either call
-// goes out with every other call of that moment to the same Redis node, in
-// one pipeline (see queue).
-func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-chan time.Time, expired <-chan struct{}) (*exactCall, error) {
+// as w says (at most until its timeout fires or the key's expiry closes),
+// whatever the Redis client's own timeouts are. A cold key's decision is
+// counted exactly: its exact call is returned with its reply. A warm key's
+// lease call is sent, or the one on its way joined (a per-key
+// singleflight), and the decision takes from the lease again once it is
+// back (nil is returned). Either call goes out with every other call of
+// that moment to the same Redis node, in one pipeline, or on its own when
+// there is none (see queue).
+func (h *Limiter) ask(c *counter, n, now int64, w waitFor) (*exactCall, error) {
 	f := h.facts()
 	lc := c.lock()
 	fl := lc.inFlight()
@@ -447,12 +455,14 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 	switch {
 	case fl != nil: // joined
 		lc.unlock()
-		err = wait(ctx, fl.Done(), timeout, expired)
+		w.done = fl.Done()
+		err = w.wait()
 	case lc.out == nil && lc.cold(h.p, n, now, f):
 		e = lc.newExact(h.p, h.clockID(), n, now, h.mono(), f)
 		lc.unlock()
 		h.exacts.Add(1)
-		return e.waited(h.asks.own(e, waitFor{ctx, e.done, timeout, expired}))
+		w.done, w.exact = e.done, e
+		return e.waited(h.asks.own(e, w))
 	default:
 		var id callID
 		if lc.out == nil {
@@ -464,7 +474,8 @@ func (h *Limiter) ask(ctx context.Context, c *counter, n, now int64, timeout <-c
 		}
 		fl = lc.startFlight(k)
 		lc.unlock()
-		err = h.asks.own(k, waitFor{ctx, fl.Done(), timeout, expired})
+		w.done = fl.Done()
+		err = h.asks.own(k, w)
 	}
 	if err != nil {
 		return nil, err
@@ -489,21 +500,61 @@ func wait(ctx context.Context, done <-chan struct{}, timeout <-chan time.Time, e
 
 // waitFor is what a decision waits on: done, closed once its call is
 // answered, unless its timeout fires, the key's expiry closes or its
-// context ends first (see wait).
+// context ends first (see wait). deadline is when the timeout fires
+// (zero: no timeout, or not known).
 type waitFor struct {
-	ctx     context.Context
-	done    <-chan struct{}
-	timeout <-chan time.Time
-	expired <-chan struct{}
+	ctx      context.Context
+	done     <-chan struct{}
+	timeout  <-chan time.Time
+	expired  <-chan struct{}
+	deadline time.Time
+	// exact: the decision's exact call, when done is its: a caller that
+	// sends its own call and finds its wait ended once the call returns
+	// abandons it before it is answered (see sendOwn)
+	exact *exactCall
 }
 
 func (w waitFor) wait() error { return wait(w.ctx, w.done, w.timeout, w.expired) }
+
+// left reports, without waiting, why the decision's wait has ended
+// (its timeout fired, the key's expiry closed, its context ended), or
+// nil while it has not.
+func (w waitFor) left() error {
+	select {
+	case <-w.timeout:
+		return context.DeadlineExceeded
+	case <-w.expired:
+		return context.DeadlineExceeded
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	default:
+		return nil
+	}
+}
+
+// end is when the decision's wait ends at the latest, if it ends by then:
+// the earlier of its deadline and its context's, but no later than
+// limit; ok is false when the wait has no deadline (the key's expiry
+// ends it).
+func (w waitFor) end(limit time.Time) (end time.Time, ok bool) {
+	if w.deadline.IsZero() {
+		return time.Time{}, false
+	}
+	end = w.deadline
+	if d, has := w.ctx.Deadline(); has && d.Before(end) {
+		end = d
+	}
+	if limit.Before(end) {
+		end = limit
+	}
+	return end, true
+}
 
 // waited returns exact call e with its error, once a wait for its reply
 // (see wait) ended with err: or, when the decision stopped waiting first,
 // nil and why (the reply, when it comes, is owed back: see answer).
 func (e *exactCall) waited(err error) (*exactCall, error) {
-	if err != nil && e.abandon() {
+	if err != nil && (e.abandon() || e.state.Load() == exactAbandoned) { // (sendOwn may have abandoned it for the decision)
 		return nil, err
 	}
 	<-e.done // (when it stopped waiting, the reply came meanwhile: it is the decision's)

@@ -111,6 +111,9 @@ type exchange struct {
 	before, after int64
 	ok            bool
 	err           error
+	// own: a decision's own call, given until its decision's wait ended
+	// (see Limiter.sendOwn): no reply in time is not taken for an outage
+	own bool
 }
 
 // pipe sends a Limiter's requests to Redis.
