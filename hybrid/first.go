@@ -247,7 +247,7 @@ func (h *Limiter) first(key string, hk uint64, n, now int64, w waitFor) (t first
 	}
 	h.exacts.Add(1)
 	w.done, w.exact = e.done, e
-	answered, err := e.waited(h.asks.own(e, w))
+	answered, err := e.waited(h.own(e, w))
 	t.e, t.err = answered, err // (nil: it stopped waiting, and the reply, when it comes, is owed back)
 	if answered == nil || err != nil || e.late(h.clk.View()) || !e.admitted() {
 		return t

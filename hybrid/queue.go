@@ -80,8 +80,9 @@ func (q *queue) add(t queued) {
 }
 
 // own sends t, a decision's call, at once on the caller's goroutine
-// (through sendOwn) when the queue is idle (nothing queued, no batch out)
-// and its last batch carried one call: a lone caller's call does not wait
+// (through sendOwn) when the caller is alone (w.alone: no other decision
+// waits on Redis), the queue is idle (nothing queued, no batch out) and
+// its last batch carried one call: a lone caller's call does not wait
 // for a sender goroutine to be scheduled, nor the caller to be woken by
 // it again, two hand-offs that cost a lone cold decision about a sixth of
 // its time on the 2-core VM (the sim with one caller: 0.86-0.87 times
@@ -92,7 +93,7 @@ func (q *queue) add(t queued) {
 // (see wait); the exchange goes on without a caller that left.
 func (q *queue) own(t queued, w waitFor) error {
 	q.mu.Lock()
-	if q.running > 0 || len(q.items) > 0 || q.lastLen > 1 || q.sendOwn == nil {
+	if !w.alone || q.running > 0 || len(q.items) > 0 || q.lastLen > 1 || q.sendOwn == nil {
 		q.items = append(q.items, t)
 		q.unlockStarting(q.running == 0 || q.beside())
 		return w.wait()

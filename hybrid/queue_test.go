@@ -270,11 +270,11 @@ func TestQueueOwnIdleSendsItself(t *testing.T) {
 	closed := make(chan struct{})
 	close(closed)
 	owned := make(chan error, 1)
-	go func() { owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: closed}) }()
+	go func() { owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: closed, alone: true}) }()
 	require.Equal(t, []string{"a"}, <-o.batches, "sent by its caller, alone")
 	q.add(item("b"))
 	done := make(chan struct{})
-	go func() { owned <- q.own(item("c"), waitFor{ctx: context.Background(), done: done}) }()
+	go func() { owned <- q.own(item("c"), waitFor{ctx: context.Background(), done: done, alone: true}) }()
 	b.none(t, 50*time.Millisecond) // a is out: b and c wait for it
 	require.False(t, q.idle())
 	o.release <- struct{}{}
@@ -303,7 +303,7 @@ func TestQueueOwnCallerLeaves(t *testing.T) {
 	fire := make(chan time.Time, 1)
 	owned := make(chan error, 1)
 	go func() {
-		owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: make(chan struct{}), timeout: fire})
+		owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: make(chan struct{}), timeout: fire, alone: true})
 	}()
 	require.Equal(t, []string{"a"}, <-o.batches)
 	q.add(item("b"))
@@ -316,4 +316,27 @@ func TestQueueOwnCallerLeaves(t *testing.T) {
 	b.release <- struct{}{}
 	wg.Wait()
 	require.True(t, q.idle())
+}
+
+// A caller that is not alone (another decision waits on Redis) queues its
+// call even on an idle queue: a sender sends it.
+func TestQueueOwnNotAloneQueues(t *testing.T) {
+	var wg gosync.WaitGroup
+	b, o := newBlockingSends(), newOwnSends()
+	q := newTestQueue(b, 0, 16, &wg)
+	q.sendOwn = o.sendOwn
+	closed := make(chan struct{})
+	close(closed)
+	owned := make(chan error, 1)
+	go func() { owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: closed}) }()
+	require.Equal(t, []string{"a"}, b.next(t), "sent by the queue's sender")
+	b.release <- struct{}{}
+	require.NoError(t, <-owned)
+	wg.Wait()
+	require.True(t, q.idle())
+	select {
+	case o := <-o.batches:
+		t.Fatalf("sent by its caller: %v", o)
+	default:
+	}
 }
