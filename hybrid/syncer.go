@@ -117,12 +117,11 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 // exchange abandoned at its deadline leaves them (see ownLate). A caller
 // whose context ends meanwhile learns it when the pipeline returns, and
 // goes then with its context's error, its exact call's reply owed back.
-// Otherwise the pipeline runs on a runner while the caller
-// waits on w: when the caller's wait ends first, it goes, and the
-// exchange is finished (its replies read and applied, a call's reply
-// owed back as when any wait ends first) on a goroutine of its own.
-// after runs once the exchange is finished, on whichever goroutine
-// finished it.
+// Otherwise the pipeline runs on a runner while the caller waits on w:
+// when the caller's wait ends first, it goes, and the exchange is
+// finished (its replies read and applied, a call's reply owed back as
+// when any wait ends first) on a goroutine of its own. after runs once
+// the exchange is finished, on whichever goroutine finished it.
 func (h *Limiter) sendOwn(batch []queued, w waitFor, after func()) error {
 	now := time.Now()
 	limit := now.Add(h.cfg.callTimeout())
