@@ -21,7 +21,9 @@ package hybrid
 //     d. ask: the key's one lease call, sized by the state machine
 //        (call.go, policy.go), shared by the key's concurrent decisions
 //        and queued with every other key's into one pipeline (queue.go,
-//        pipe.go); wait for it, at most the timeout, then take again (3);
+//        pipe.go), or sent by the caller itself when it is the only
+//        decision waiting (queue.own, syncer.go's sendOwn); wait for it,
+//        at most the timeout, then take again (3);
 //     e. no reply in time: counter.slowReply (failure.go), or the failure
 //        mode once the breaker opened.
 //  5. The syncer (sync.go) visits marked keys every sync interval: it
