@@ -142,24 +142,13 @@ func TestLoneDecisionCanceled(t *testing.T) {
 	srv := redistest.Standalone(t)
 	for _, ctxTimeouts := range []bool{false, true} {
 		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
-			direct := srv.Client()
-			defer direct.Close()
-			p, err := faultproxy.New(srv.Addr())
-			require.NoError(t, err)
-			defer p.Close()
-			c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
-			defer c.Close()
-			prefix := uniq(t)
-			idx := freshWindow(t, direct, time.Hour, 30*time.Second)
-			h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(5*time.Second))
-			require.NoError(t, err)
-			defer h.Close()
+			direct, p, h, prefix, idx := loneLimiter(t, srv, ctxTimeouts, 5*time.Second)
 			before := h.Stats()
 
 			p.SetLatency(300 * time.Millisecond)
 			ctx, cancel := context.WithCancel(context.Background())
 			time.AfterFunc(50*time.Millisecond, cancel)
-			_, err = h.Allow(ctx, "canceled")
+			_, err := h.Allow(ctx, "canceled")
 			require.ErrorIs(t, err, context.Canceled, "its context ended before the reply (600ms away)")
 			p.SetLatency(0)
 			require.Eventually(t, func() bool { return h.Stats().KeysTracked == before.KeysTracked+1 }, 5*time.Second, 10*time.Millisecond,
@@ -177,6 +166,28 @@ func TestLoneDecisionCanceled(t *testing.T) {
 	}
 }
 
+// loneLimiter returns a client of srv, a fault proxy in front of srv, and
+// a Limiter of 1,000 an hour for one instance through the proxy (its
+// client with ContextTimeoutEnabled when ctxTimeouts), with its prefix
+// and the index of an hour window with 30s or more left; all closed when
+// the test ends.
+func loneLimiter(t *testing.T, srv *redistest.Server, ctxTimeouts bool, timeout time.Duration) (*redis.Client, *faultproxy.Proxy, *hybrid.Limiter, string, int64) {
+	t.Helper()
+	direct := srv.Client()
+	t.Cleanup(func() { direct.Close() })
+	p, err := faultproxy.New(srv.Addr())
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: ctxTimeouts})
+	t.Cleanup(func() { c.Close() })
+	prefix := uniq(t)
+	idx := freshWindow(t, direct, time.Hour, 30*time.Second)
+	h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(timeout))
+	require.NoError(t, err)
+	t.Cleanup(func() { h.Close() })
+	return direct, p, h, prefix, idx
+}
+
 // With ContextTimeoutEnabled a lone decision's own call runs on its
 // goroutine, given until the decision's timeout. A reply later than that
 // is not waited for: the decision is denied (strict) at its timeout, and
@@ -186,20 +197,8 @@ func TestLoneDecisionCanceled(t *testing.T) {
 // reply later than the decision's timeout is then still read, and its
 // unit owed back and given back.
 func TestLoneDecisionLate(t *testing.T) {
-	srv := redistest.Standalone(t)
-	direct := srv.Client()
-	defer direct.Close()
-	p, err := faultproxy.New(srv.Addr())
-	require.NoError(t, err)
-	defer p.Close()
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
-	defer c.Close()
-	prefix := uniq(t)
-	idx := freshWindow(t, direct, time.Hour, 30*time.Second)
 	const timeout = 100 * time.Millisecond
-	h, err := hybrid.New(c, ratelimit.PerHour(1000), hybrid.WithPrefix(prefix), hybrid.WithInstances(1), hybrid.WithTimeout(timeout))
-	require.NoError(t, err)
-	defer h.Close()
+	direct, p, h, prefix, idx := loneLimiter(t, redistest.Standalone(t), true, timeout)
 	ctx := context.Background()
 	d, err := h.Allow(ctx, "warm")
 	require.NoError(t, err)
