@@ -277,12 +277,19 @@ func TestConcurrent(t *testing.T) {
 		changes.Add(1)
 	})
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(200 * time.Millisecond)
+	// At least 200ms, and on until a transition was seen (three failures
+	// in a row need a lucky interleaving: on a busy host 200ms may see
+	// none), at most 10s.
+	start := time.Now()
+	more := func() bool {
+		d := time.Since(start)
+		return d < 200*time.Millisecond || (changes.Load() == 0 && d < 10*time.Second)
+	}
 	for g := 0; g < 16; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
-			for i := 0; time.Now().Before(deadline); i++ {
+			for i := 0; more(); i++ {
 				if b.Allow() {
 					if (i+g)%3 == 0 {
 						b.Failure()
