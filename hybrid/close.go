@@ -77,9 +77,9 @@ func (h *Limiter) retireAll() {
 // Close returns within max(2s, 5 timeouts), whatever the Redis
 // client's own timeouts: what it could not give back by then is reported in
 // the error (and stays counted in Redis until its window ends: the safe
-// side). A call the client itself does not give up on (one without
-// ContextTimeoutEnabled waits its ReadTimeout, 3s by default) ends on its
-// own after Close returns.
+// side). A call the client itself does not give up on (a Cluster or Ring
+// client without ContextTimeoutEnabled waits its ReadTimeout, 3s by
+// default) ends on its own after Close returns.
 func (h *Limiter) Close() error {
 	h.closeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.drainTimeout())

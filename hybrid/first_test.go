@@ -188,45 +188,55 @@ func loneLimiter(t *testing.T, srv *redistest.Server, ctxTimeouts bool, timeout 
 	return direct, p, h, prefix, idx
 }
 
-// With ContextTimeoutEnabled a lone decision's own call runs on its
-// goroutine, given until the decision's timeout. A reply later than that
-// is not waited for: the decision is denied (strict) at its timeout, and
-// a slow reply is not an outage (the breaker stays closed). For a while
-// after, lone decisions' calls go through a runner at a call's deadline
-// (4 timeouts), as a client without ContextTimeoutEnabled has them: a
-// reply later than the decision's timeout is then still read, and its
+// A lone decision's own call runs on its goroutine, given until the
+// decision's timeout: with ContextTimeoutEnabled by the client itself, on
+// go-redis's defaults by a clone of the client whose reads and writes
+// time out then (see timedClients). A reply later than that is not
+// waited for: the decision is denied (strict) at its timeout, and a slow
+// reply is not an outage (the breaker stays closed). For a while after,
+// lone decisions' calls go through a runner at a call's deadline (4
+// timeouts), as a Cluster client without ContextTimeoutEnabled has them:
+// a reply later than the decision's timeout is then still read, and its
 // unit owed back and given back.
 func TestLoneDecisionLate(t *testing.T) {
-	const timeout = 100 * time.Millisecond
-	direct, p, h, prefix, idx := loneLimiter(t, redistest.Standalone(t), true, timeout)
-	ctx := context.Background()
-	d, err := h.Allow(ctx, "warm")
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
+	srv := redistest.Standalone(t)
+	for _, ctxTimeouts := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", ctxTimeouts), func(t *testing.T) {
+			const timeout = 100 * time.Millisecond
+			direct, p, h, prefix, idx := loneLimiter(t, srv, ctxTimeouts, timeout)
+			ctx := context.Background()
+			d, err := h.Allow(ctx, "warm")
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
 
-	p.SetLatency(timeout) // a round trip of twice the timeout
-	for i, key := range []string{"inline", "runner"} {
-		d, err := h.Allow(ctx, key)
-		require.NoError(t, err, key)
-		require.False(t, d.Allowed, "%s: strict: no reply in time is a denial", key)
-		require.False(t, h.Stats().Degraded, "%s: a slow reply is not an outage", key)
-		if i == 0 {
+			p.SetLatency(timeout) // a round trip of twice the timeout
+			for i, key := range []string{"inline", "runner"} {
+				start := time.Now()
+				d, err := h.Allow(ctx, key)
+				took := time.Since(start)
+				require.NoError(t, err, key)
+				require.False(t, d.Allowed, "%s: strict: no reply in time is a denial", key)
+				require.False(t, h.Stats().Degraded, "%s: a slow reply is not an outage", key)
+				require.Less(t, took, timeout+timeout/2, "%s: the decision waited %v", key, took)
+				if i == 0 {
+					_, lost := hybrid.ExactCalls(h)
+					require.EqualValues(t, 1, lost, "the first call, on the decision's goroutine, was not waited for past the decision's timeout")
+				}
+			}
+			require.Eventually(t, func() bool { out, _ := hybrid.ExactCalls(h); return out == 0 }, 5*time.Second, 10*time.Millisecond,
+				"the second decision's call came back")
 			_, lost := hybrid.ExactCalls(h)
-			require.EqualValues(t, 1, lost, "the first call, on the decision's goroutine, was not waited for past the decision's timeout")
-		}
+			require.EqualValues(t, 1, lost, "the second decision's call, through a runner, had its late reply read")
+			p.SetLatency(0)
+			require.NoError(t, h.Flush(ctx))
+			require.Equal(t, 0, redisCount(t, direct, prefix, "runner", idx), "and its unit given back")
+			require.False(t, h.Stats().Degraded)
+			d, err = h.Allow(ctx, "after")
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			require.Equal(t, 1, redisCount(t, direct, prefix, "after", idx))
+		})
 	}
-	require.Eventually(t, func() bool { out, _ := hybrid.ExactCalls(h); return out == 0 }, 5*time.Second, 10*time.Millisecond,
-		"the second decision's call came back")
-	_, lost := hybrid.ExactCalls(h)
-	require.EqualValues(t, 1, lost, "the second decision's call, through a runner, had its late reply read")
-	p.SetLatency(0)
-	require.NoError(t, h.Flush(ctx))
-	require.Equal(t, 0, redisCount(t, direct, prefix, "runner", idx), "and its unit given back")
-	require.False(t, h.Stats().Degraded)
-	d, err = h.Allow(ctx, "after")
-	require.NoError(t, err)
-	require.True(t, d.Allowed)
-	require.Equal(t, 1, redisCount(t, direct, prefix, "after", idx))
 }
 
 // On a crowded instance (its decisions' round trips carry dozens of calls)

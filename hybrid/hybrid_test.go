@@ -316,13 +316,17 @@ func TestTimeoutBound(t *testing.T) {
 		name        string
 		addr        string
 		ctxTimeouts bool
-	}{{"hanging", p.Addr(), false}, {"refused", "127.0.0.1:1", false}, {"hanging-ContextTimeoutEnabled", p.Addr(), true}} {
+		retries     int
+	}{{"hanging", p.Addr(), false, -1}, {"refused", "127.0.0.1:1", false, -1}, {"hanging-ContextTimeoutEnabled", p.Addr(), true, -1},
+		{"hanging-retries", p.Addr(), false, 0}, {"refused-retries", "127.0.0.1:1", false, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			// ReadTimeout left at go-redis' 3s default: the limiter, not the
-			// client, must bound the wait. (With ContextTimeoutEnabled a
-			// lone decision's call runs on its own goroutine, given until
-			// its timeout.)
-			c := redis.NewClient(&redis.Options{Addr: tc.addr, MaxRetries: -1, ContextTimeoutEnabled: tc.ctxTimeouts})
+			// client, must bound the wait. (A lone decision's call runs on
+			// its own goroutine, given until its timeout: by the client with
+			// ContextTimeoutEnabled, else by a clone of it that times out
+			// then.) With go-redis's retries (MaxRetries 0: its default of
+			// 3), a read that timed out is not sent again past the bound.
+			c := redis.NewClient(&redis.Options{Addr: tc.addr, MaxRetries: tc.retries, ContextTimeoutEnabled: tc.ctxTimeouts})
 			defer c.Close()
 			h, err := hybrid.New(c, ratelimit.PerSecond(100), hybrid.WithTimeout(timeout), hybrid.WithInstances(1))
 			require.NoError(t, err)

@@ -142,6 +142,7 @@ func newLimiter(client redis.UniversalClient, limit ratelimit.Limit, cfg config,
 	h.start = cfg.now()
 	h.clk = newServerClock(h.start.UnixMicro(), limit.Period, offsetMaxAge)
 	h.pipe = pipe{client: client, mono: h.mono, runners: &runners{wg: &h.calls}, roundTrips: &h.st.roundTrips, ctxBound: honorsDeadlines(client)}
+	h.pipe.timed.init(client, cfg.timeout, cfg.callTimeout())
 	h.asks = newRouter(client, func() *queue {
 		gap := func() time.Duration { return gapFor(2 * time.Duration(h.clk.ErrorBound())) } // the kept sample's round trip
 		return &queue{maxInFlight: pipelinesPerNode, gap: gap, mono: h.mono, wg: &h.inflight, send: func(batch []queued) {

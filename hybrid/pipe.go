@@ -124,9 +124,87 @@ type pipe struct {
 	roundTrips *atomic.Uint64
 	// ctxBound: the client ends a call at its context's deadline
 	// (ContextTimeoutEnabled), so a call runs on the caller's goroutine;
-	// otherwise on one of its own, abandoned at the deadline (bounded).
+	// otherwise on one of its own, abandoned at the deadline (bounded),
+	// unless timed can bound it.
 	ctxBound bool
+	timed    timedClients
 }
+
+// timedClients bounds the calls of a *redis.Client that does not end a
+// call at its context's deadline (ContextTimeoutEnabled off, go-redis's
+// default) by its clones of WithTimeout: a clone shares the client's
+// connection pool and the hooks the client had when it was made, and
+// reads and writes with the timeout it was given. A call bounded by a
+// context with r left runs on a clone whose timeout is at least r (so a
+// reply that does not come fails no earlier than the context's deadline,
+// when go-redis no longer retries) and at most cloneSlack more (so the
+// call is over by then): one of the clones kept for the bounds the
+// Limiter's calls use (its timeout, a Redis call's), made at their first
+// use, or one made for the call. The zero value bounds nothing.
+type timedClients struct {
+	client *redis.Client // nil: the client honours deadlines, or is of another kind
+	kept   [2]keptClone
+}
+
+// keptClone is a clone of timedClients kept for one bound d.
+type keptClone struct {
+	d time.Duration
+	c atomic.Pointer[redis.Client]
+}
+
+// cloneSlack is how much later than its context's deadline a call on a
+// kept clone may end at most (by its timeout, when no reply comes).
+const cloneSlack = time.Millisecond
+
+// init makes t the timedClients of client, keeping clones for bounds (see
+// timedClients): none when client is not a *redis.Client or ends a call
+// at its context's deadline itself.
+func (t *timedClients) init(client rediser, bounds ...time.Duration) {
+	c, ok := client.(*redis.Client)
+	if !ok || honorsDeadlines(client) {
+		return
+	}
+	t.client = c
+	for i := range t.kept {
+		if i < len(bounds) {
+			t.kept[i].d = bounds[i]
+		}
+	}
+}
+
+// bound returns the client a call bounded by ctx runs on from the caller's
+// goroutine, and false when there is none (ctx has no deadline, or it
+// passed, or t bounds nothing).
+func (t *timedClients) bound(ctx context.Context) (*redis.Client, bool) {
+	if t.client == nil {
+		return nil, false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil, false
+	}
+	r := time.Until(dl)
+	if r <= 0 {
+		return nil, false
+	}
+	for i := range t.kept {
+		k := &t.kept[i]
+		if k.d < r || k.d-r > cloneSlack {
+			continue
+		}
+		if c := k.c.Load(); c != nil {
+			return c, true
+		}
+		k.c.CompareAndSwap(nil, t.client.WithTimeout(k.d))
+		return k.c.Load(), true
+	}
+	return t.client.WithTimeout(r), true
+}
+
+// inlines reports whether p runs a call bounded by a context on the
+// caller's goroutine, when the context has a deadline yet to come (see
+// bounded).
+func (p *pipe) inlines() bool { return p.ctxBound || p.timed.client != nil }
 
 // honorsDeadlines reports whether client ends a call at its context's
 // deadline: go-redis does with ContextTimeoutEnabled.
@@ -158,7 +236,7 @@ func (p *pipe) exec(ctx context.Context, reqs []request, res []result) exchange 
 
 // newRun makes the run of one exchange of reqs, bounded by ctx.
 func (p *pipe) newRun(ctx context.Context, reqs []request) *exchangeRun {
-	return &exchangeRun{p: p, ctx: ctx, reqs: reqs, sent: reqs}
+	return &exchangeRun{p: p, client: p.client, ctx: ctx, reqs: reqs, sent: reqs}
 }
 
 // read reads the replies of e, a run that returned in time, into res
@@ -186,10 +264,11 @@ func (e *exchangeRun) read(res []result) exchange {
 // sees it (one allocation for all it keeps): what it sends, and what it
 // learned, which exec reads only once the run finished in time.
 type exchangeRun struct {
-	p    *pipe
-	ctx  context.Context
-	reqs []request
-	done chan struct{} // closed when the run is over (bounded, off the caller's goroutine)
+	p      *pipe
+	client rediser // what it sends on: p's client, or a clone that bounds the call (see pipe.bounded)
+	ctx    context.Context
+	reqs   []request
+	done   chan struct{} // closed when the run is over (bounded, off the caller's goroutine)
 
 	x    exchange
 	cmds []*redis.Cmd
@@ -203,7 +282,7 @@ func (e *exchangeRun) run() {
 	}
 	p, ctx, reqs := e.p, e.ctx, e.reqs
 	e.x.before = p.mono()
-	e.cmds, e.rest, e.x.err = p.run(ctx, reqs)
+	e.cmds, e.rest, e.x.err = p.run(ctx, e.client, reqs)
 	// Requests that did not run are sent again at once: those that met
 	// NOSCRIPT once the scripts are loaded, and plain commands that met
 	// WRONGTYPE as their fallback (which may meet NOSCRIPT in turn).
@@ -226,12 +305,12 @@ func (e *exchangeRun) run() {
 		if len(again) == 0 || ctx.Err() != nil {
 			break
 		}
-		if anyNoScript(e.cmds) && p.load(ctx, again) != nil {
+		if anyNoScript(e.cmds) && load(ctx, e.client, again) != nil {
 			break
 		}
 		e.x.before = p.mono()
 		var redo []*redis.Cmd
-		redo, _, e.x.err = p.run(ctx, again) // (fallbacks and scripts: no repliesParser)
+		redo, _, e.x.err = p.run(ctx, e.client, again) // (fallbacks and scripts: no repliesParser)
 		for j, i := range at {
 			e.cmds[i] = redo[j]
 		}
@@ -239,11 +318,11 @@ func (e *exchangeRun) run() {
 	e.x.after = p.mono()
 }
 
-// run sends reqs in one pipeline. It returns each request's first command
+// run sends reqs in one pipeline on client. It returns each request's first command
 // and, for requests whose parse is a repliesParser, their other commands
 // (rest is nil when no request has one, else indexed as reqs).
-func (p *pipe) run(ctx context.Context, reqs []request) (cmds []*redis.Cmd, rest [][]*redis.Cmd, err error) {
-	pl := p.client.Pipeline()
+func (p *pipe) run(ctx context.Context, client rediser, reqs []request) (cmds []*redis.Cmd, rest [][]*redis.Cmd, err error) {
+	pl := client.Pipeline()
 	cmds = make([]*redis.Cmd, len(reqs))
 	for i, r := range reqs {
 		if r.script == nil {
@@ -293,14 +372,14 @@ func firstErr(all []redis.Cmder, rest [][]*redis.Cmd) error {
 	return nil
 }
 
-// load loads the scripts of reqs (on every Cluster shard).
-func (p *pipe) load(ctx context.Context, reqs []request) error {
+// load loads the scripts of reqs on client (on every Cluster shard).
+func load(ctx context.Context, client rediser, reqs []request) error {
 	var done []*redis.Script
 	for _, r := range reqs {
 		if r.script == nil || slices.Contains(done, r.script) {
 			continue
 		}
-		if err := r.script.Load(ctx, p.client).Err(); err != nil {
+		if err := r.script.Load(ctx, client).Err(); err != nil {
 			return err
 		}
 		done = append(done, r.script)
@@ -325,10 +404,18 @@ func (p *pipe) call(ctx context.Context, fn func(ctx context.Context) error) err
 // does not give up on by itself (one without ContextTimeoutEnabled waits its
 // ReadTimeout) is abandoned there, and ends on its own later. It reports
 // whether e's run returned in time; only then may the caller read what it
-// wrote. With a client that honours deadlines, e runs on the caller's
-// goroutine: one hand-off less per pipeline.
+// wrote. With a client that honours deadlines, or a *redis.Client whose
+// clone bounds the call (timedClients), e runs on the caller's goroutine:
+// one hand-off less per pipeline, each way.
 func (p *pipe) bounded(ctx context.Context, e *exchangeRun) bool {
-	if p.ctxBound {
+	inline := p.ctxBound
+	if !inline {
+		var c *redis.Client
+		if c, inline = p.timed.bound(ctx); inline {
+			e.client = c
+		}
+	}
+	if inline {
 		e.run()
 		return ctx.Err() == nil || !errors.Is(ctx.Err(), context.DeadlineExceeded)
 	}

@@ -110,9 +110,10 @@ func (h *Limiter) send(ctx context.Context, batch []queued) error {
 
 // sendOwn sends batch, a decision's own call (see queue.own), as send
 // does, and returns w's answer. With a client that ends a call at its
-// context's deadline (ctxBound) and a wait with a deadline, the pipeline
-// runs on the caller's goroutine (no hand-off: a lone cold decision about
-// a quarter faster on the 2-core VM), given until the wait's end: a reply
+// context's deadline (ctxBound), or a *redis.Client whose clone bounds it
+// (timedClients), and a wait with a deadline, the pipeline runs on the
+// caller's goroutine (no hand-off: a lone cold decision about a quarter
+// faster on the 2-core VM), given until the wait's end: a reply
 // later than that is not waited for, and the calls are in doubt, as an
 // exchange abandoned at its deadline leaves them (see ownLate). A caller
 // whose context ends meanwhile learns it when the pipeline returns, and
@@ -126,7 +127,7 @@ func (h *Limiter) sendOwn(batch []queued, w waitFor, after func()) error {
 	now := time.Now()
 	limit := now.Add(h.cfg.callTimeout())
 	end, inline := w.end(limit)
-	inline = inline && h.pipe.ctxBound && h.mono() >= h.ownLate.Load()
+	inline = inline && h.pipe.inlines() && h.mono() >= h.ownLate.Load()
 	if !inline {
 		end = limit
 	}
