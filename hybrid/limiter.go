@@ -206,7 +206,10 @@ func (h *Limiter) Allow(ctx context.Context, key string) (ratelimit.Decision, er
 // It returns an error wrapping ratelimit.ErrInvalidKey for an empty key,
 // ratelimit.ErrInvalidN for n <= 0 or n above the capacity (Rate for the
 // window algorithms, Burst for the buckets), ratelimit.ErrClosed after
-// Close, and ctx's error when ctx ends first.
+// Close, and ctx's error when ctx ends first. (ctx's deadline bounds the
+// decision's Redis call too; a cancellation is seen when a call the
+// decision sent itself returns, within the timeout: see
+// docs/failure-modes.md, "Every call keeps its bounds".)
 func (h *Limiter) AllowN(ctx context.Context, key string, n int) (ratelimit.Decision, error) {
 	// decide, written out: the hot path's calls are few, and a Decision
 	// copied from one call less.
