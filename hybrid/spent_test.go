@@ -92,6 +92,14 @@ func TestSpentWordSliding(t *testing.T) {
 func spentWord(t *testing.T, newClient func() redis.UniversalClient, opts ...hybrid.Option) {
 	ctx := context.Background()
 	hs, end := spentFleet(t, 4, newClient, opts...)
+	// Each subscribes at New on a goroutine of its own: a word published
+	// before an instance's subscription is in place does not reach it (it
+	// asks Redis then, as one that never hears), so the count of words
+	// heard starts once every instance is subscribed.
+	for i, h := range hs {
+		require.Eventually(t, func() bool { return hybrid.SpentSubscriptions(h) >= 1 }, 10*time.Second, time.Millisecond,
+			"instance %d subscribed", i)
+	}
 	keys := numberedKeys("spent-", 200)
 	warmed := 0
 	if hs[0].Algorithm() == ratelimit.SlidingWindow {
