@@ -302,7 +302,7 @@ func (e *exchangeRun) run() {
 			}
 			again, at = append(again, e.sent[i]), append(at, i)
 		}
-		if len(again) == 0 || ctx.Err() != nil {
+		if len(again) == 0 || ctx.Err() != nil || !e.rebound() {
 			break
 		}
 		if anyNoScript(e.cmds) && load(ctx, e.client, again) != nil {
@@ -316,6 +316,20 @@ func (e *exchangeRun) run() {
 		}
 	}
 	e.x.after = p.mono()
+}
+
+// rebound makes a run on a clone of timedClients send what it sends next
+// on a clone for the time its context has left now (a kept clone's
+// timeout is the whole bound), and reports false when none is left.
+func (e *exchangeRun) rebound() bool {
+	if e.client == e.p.client {
+		return true
+	}
+	c, ok := e.p.timed.bound(e.ctx)
+	if ok {
+		e.client = c
+	}
+	return ok
 }
 
 // run sends reqs in one pipeline on client. It returns each request's first command

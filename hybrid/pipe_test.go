@@ -79,6 +79,39 @@ func TestTimedClientsBound(t *testing.T) {
 	}
 }
 
+// A run that sends again (its scripts reloaded after NOSCRIPT, a
+// WRONGTYPE fallback) on a clone sends on one for the time its context
+// has left then, not the kept clone's whole bound; none is left past
+// the deadline. A run on the client itself is not changed.
+func TestExchangeRunRebound(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	p := &pipe{client: c}
+	p.timed.init(c, 500*time.Millisecond, 2*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	kept, ok := p.timed.bound(ctx)
+	require.True(t, ok)
+	short, cancelShort := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancelShort()
+	e := p.newRun(short, nil)
+	e.client = kept // (as a run begun with the whole bound left)
+	require.True(t, e.rebound())
+	require.LessOrEqual(t, e.client.(*redis.Client).Options().ReadTimeout, 100*time.Millisecond)
+
+	past, cancelPast := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancelPast()
+	e = p.newRun(past, nil)
+	e.client = kept
+	require.False(t, e.rebound(), "no time left: nothing is sent again")
+
+	e = p.newRun(past, nil)
+	require.True(t, e.rebound(), "on the client itself: as it was")
+	require.Equal(t, rediser(c), e.client)
+}
+
 func mustDeadline(t *testing.T, ctx context.Context) time.Time {
 	t.Helper()
 	d, ok := ctx.Deadline()
