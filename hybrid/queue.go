@@ -52,6 +52,63 @@ type queue struct {
 	// After a slow yield (see awaitReturn): batches left to take without
 	// yielding first, and how many the next slow yield skips.
 	skip, skipNext atomic.Int64
+
+	rtt rttTrack // the round trips of its batches, with mu held (see beside)
+}
+
+// rttTrack follows a queue's round trips (a batch sent to its exchange
+// finished and answered): their mean, smoothed, and their floor, the
+// least of the last one or two epochs of rttEpoch (a floor that ages, so
+// that a Redis that moved or slowed for good sets a new one).
+type rttTrack struct {
+	avg      int64    // ns, smoothed over about rttSmooth round trips
+	floor    [2]int64 // ns: the least of this epoch, of the one before (0: none)
+	epochEnd int64    // mono ns: when this epoch ends
+	n        int      // round trips seen, up to rttSamples
+}
+
+const (
+	rttEpoch   = int64(time.Second)
+	rttSmooth  = 8
+	rttSamples = 16 // round trips seen before the mean is trusted
+	rttNear    = 4
+)
+
+// add counts a round trip of d ns that ended at now (mono ns).
+func (r *rttTrack) add(d, now int64) {
+	if d <= 0 {
+		d = 1
+	}
+	if now >= r.epochEnd {
+		r.floor[1], r.floor[0] = r.floor[0], 0
+		r.epochEnd = now + rttEpoch
+	}
+	if r.floor[0] == 0 || d < r.floor[0] {
+		r.floor[0] = d
+	}
+	if r.avg == 0 {
+		r.avg = d
+	} else {
+		r.avg += (d - r.avg) / rttSmooth
+	}
+	r.n = min(r.n+1, rttSamples)
+}
+
+// atFloor reports whether the round trips run near their floor: their
+// mean within rttNear times it. Then little queues before Redis, and the
+// callers' own time between batches is what holds them back; a mean far
+// above the floor is time spent waiting on a busy Redis or host, which
+// one batch out at a time, carrying all that came meanwhile, spends
+// least of. (On the 2-core VM, an instance whose callers alone use Redis
+// sees a mean of 2.4-3.6 times its floor, scheduling and wake-ups
+// included; eight instances sharing the host's processors with Redis
+// 2.8-7 times theirs, and the more so the more batches are out.)
+func (r *rttTrack) atFloor() bool {
+	f := r.floor[0]
+	if g := r.floor[1]; g > 0 && (f == 0 || g < f) {
+		f = g
+	}
+	return r.n >= rttSamples && f > 0 && r.avg <= rttNear*f
 }
 
 // The queue's gap: with Redis farRTT or more away, the round trip over
@@ -86,28 +143,46 @@ func (q *queue) add(t queued) {
 // for a sender goroutine to be scheduled, nor the caller to be woken by
 // it again, two hand-offs that cost a lone cold decision about a sixth of
 // its time on the 2-core VM (the sim with one caller: 0.86-0.87 times
-// per-request Redis's decisions/s, against 0.67-0.76). Otherwise it queues
-// t as add does: the calls of an instance whose batches carry several go
+// per-request Redis's decisions/s, against 0.67-0.76). It sends t on the
+// caller's goroutine too beside one batch on its way, while nothing is
+// queued, when overlaps allows it. Otherwise it queues t as add does: the calls of an instance whose batches carry several go
 // together, gathered as awaitReturn gathers them. Either way it returns
 // when w's done closes or the caller's wait ends first, with w's answer
 // (see wait); the exchange goes on without a caller that left.
 func (q *queue) own(t queued, w waitFor) error {
 	q.mu.Lock()
-	if !w.alone || q.running > 0 || len(q.items) > 0 || q.lastLen > 1 || q.sendOwn == nil {
+	lone := w.alone && q.running == 0 && q.lastLen <= 1
+	if q.sendOwn == nil || len(q.items) > 0 || !(lone || q.overlaps()) {
 		q.items = append(q.items, t)
 		q.unlockStarting(q.running == 0 || q.beside())
 		return w.wait()
 	}
 	q.running++
 	q.wg.Add(1)
-	q.sentAt, q.lastLen = q.mono(), 1
+	at := q.mono()
+	q.sentAt, q.lastLen = at, 1
 	q.mu.Unlock()
-	return q.sendOwn([]queued{t}, w, q.ownSent)
+	return q.sendOwn([]queued{t}, w, func() { q.ownSent(at) })
 }
 
-// ownSent ends a send of own: a sender takes what was queued meanwhile.
-func (q *queue) ownSent() {
+// overlaps reports, with q locked and nothing queued, whether a caller
+// may send its own call beside the one batch on its way to a Redis near
+// by: only while the round trips run at their floor (rttTrack.atFloor),
+// where the callers' time between batches, not Redis's, holds them back
+// (two or four callers of an instance, each of whose calls then waits
+// on its own round trip, as with per-request Redis, not on the rest of
+// the one on its way first). On a busy Redis or host, one batch at a
+// time carries what came meanwhile, and costs both less.
+func (q *queue) overlaps() bool {
+	return q.running == 1 && q.gap() <= 0 && q.rtt.atFloor()
+}
+
+// ownSent ends a send of own that went at mono ns at: a sender takes
+// what was queued meanwhile.
+func (q *queue) ownSent(at int64) {
 	q.mu.Lock()
+	now := q.mono()
+	q.rtt.add(now-at, now)
 	if len(q.items) > 0 {
 		q.mu.Unlock()
 		go q.drain() // (in the send's place: running and wg count it still)
@@ -167,8 +242,12 @@ func (q *queue) unlockStarting(start bool) {
 func (q *queue) drain() {
 	defer q.wg.Done()
 	var spare []queued
+	var at, back int64 // when the batch before went, and came back (0: none)
 	for {
 		q.mu.Lock()
+		if at != 0 {
+			q.rtt.add(back-at, back)
+		}
 		batch := q.items
 		if len(batch) == 0 {
 			q.running--
@@ -176,9 +255,11 @@ func (q *queue) drain() {
 			return
 		}
 		q.items = spare
-		q.sentAt, q.lastLen = q.mono(), len(batch)
+		at = q.mono()
+		q.sentAt, q.lastLen = at, len(batch)
 		q.mu.Unlock()
 		q.send(batch)
+		back = q.mono()
 		clear(batch) // (the calls it answered are not kept alive by it)
 		spare = batch[:0]
 		q.awaitReturn()

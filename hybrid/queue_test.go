@@ -340,3 +340,131 @@ func TestQueueOwnNotAloneQueues(t *testing.T) {
 	default:
 	}
 }
+
+// A queue's round trips: the mean is trusted after rttSamples of them, and
+// is near the floor within rttNear times it; the floor is the least of
+// this epoch and the one before, so that one fast round trip long ago
+// does not hold it down for good.
+func TestRTTTrack(t *testing.T) {
+	var r rttTrack
+	now := int64(rttEpoch) // (an epoch starts at the first round trip)
+	for i := range rttSamples {
+		require.False(t, r.atFloor(), "after %d round trips", i)
+		r.add(int64(50*time.Microsecond), now)
+	}
+	require.True(t, r.atFloor(), "every round trip at the floor")
+	require.Equal(t, int64(50*time.Microsecond), r.avg)
+
+	r.add(int64(20*time.Microsecond), now) // a fast one: the floor
+	require.True(t, r.atFloor(), "mean %d within %d times the floor", r.avg, rttNear)
+	for range 8 * rttSmooth {
+		r.add(int64(100*time.Microsecond), now)
+	}
+	require.False(t, r.atFloor(), "mean %d: 5 times the floor", r.avg)
+
+	// The floor ages: an epoch later it still counts, two epochs later not.
+	now += rttEpoch
+	r.add(int64(100*time.Microsecond), now)
+	require.False(t, r.atFloor(), "the floor of the epoch before still holds")
+	now += rttEpoch
+	r.add(int64(100*time.Microsecond), now)
+	require.True(t, r.atFloor(), "the old floor aged out: 100µs is the floor now")
+
+	var z rttTrack
+	for range rttSamples {
+		z.add(0, now) // (a clock that did not move: still a round trip)
+	}
+	require.True(t, z.atFloor())
+}
+
+// With the round trips at their floor (nothing queues before Redis), a
+// caller whose call finds one batch out and nothing queued sends it
+// itself beside it, even when not alone; a third finds two out and
+// queues its call, which a sender takes once a send is back. Far round
+// trips well above the floor, or too few to tell, keep one batch out:
+// the call is queued; a far Redis sends it beside after the gap, through
+// a sender, as before.
+func TestQueueOwnOverlapsAtFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		rtts     []time.Duration // the queue's round trips before
+		gap      time.Duration
+		overlaps bool
+	}{
+		{name: "at-floor", rtts: []time.Duration{40 * time.Microsecond, 60 * time.Microsecond}, overlaps: true},
+		{name: "few-round-trips", rtts: nil},
+		{name: "queued-before-redis", rtts: []time.Duration{10 * time.Microsecond, 200 * time.Microsecond}},
+		{name: "far-redis", rtts: []time.Duration{40 * time.Microsecond, 60 * time.Microsecond}, gap: time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var wg gosync.WaitGroup
+			b, o := newBlockingSends(), newOwnSends()
+			q := newTestQueue(b, tc.gap, 16, &wg)
+			q.sendOwn = o.sendOwn
+			if len(tc.rtts) > 0 {
+				q.rtt.add(int64(tc.rtts[0]), q.mono()) // the floor
+				for range 2 * rttSamples {
+					q.rtt.add(int64(tc.rtts[1]), q.mono())
+				}
+			}
+			closed := make(chan struct{})
+			close(closed)
+			owned := make(chan error, 3)
+			go func() { owned <- q.own(item("a"), waitFor{ctx: context.Background(), done: closed, alone: true}) }()
+			require.Equal(t, []string{"a"}, <-o.batches, "a lone caller on an idle queue sends its own")
+			go func() { owned <- q.own(item("b"), waitFor{ctx: context.Background(), done: closed}) }()
+			if tc.gap > 0 {
+				// far: b goes beside a once a has been out for the gap,
+				// through a sender
+				require.Equal(t, []string{"b"}, b.next(t))
+				b.release <- struct{}{}
+				o.release <- struct{}{}
+				require.NoError(t, <-owned)
+				require.NoError(t, <-owned)
+				wg.Wait()
+				require.Empty(t, o.batches, "b sent by its caller")
+				return
+			}
+			if !tc.overlaps {
+				b.none(t, 50*time.Millisecond)
+				select {
+				case x := <-o.batches:
+					t.Fatalf("%v sent beside a", x)
+				default:
+				}
+				o.release <- struct{}{}
+				require.Equal(t, []string{"b"}, b.next(t), "b went after a, through a sender")
+				b.release <- struct{}{}
+				require.NoError(t, <-owned)
+				require.NoError(t, <-owned)
+				wg.Wait()
+				require.True(t, q.idle())
+				return
+			}
+			select {
+			case x := <-o.batches:
+				require.Equal(t, []string{"b"}, x, "b sent by its caller beside a")
+			case x := <-b.batches:
+				t.Fatalf("%v queued while the round trips run at their floor", x)
+			case <-time.After(5 * time.Second):
+				t.Fatal("b not sent")
+			}
+			go func() { owned <- q.own(item("c"), waitFor{ctx: context.Background(), done: closed}) }()
+			b.none(t, 50*time.Millisecond)
+			select {
+			case x := <-o.batches:
+				t.Fatalf("%v sent beside two batches", x)
+			default:
+			}
+			o.release <- struct{}{} // one of a and b is back
+			require.Equal(t, []string{"c"}, b.next(t), "c went once a send was back")
+			o.release <- struct{}{}
+			b.release <- struct{}{}
+			for range 3 {
+				require.NoError(t, <-owned)
+			}
+			wg.Wait()
+			require.True(t, q.idle())
+		})
+	}
+}
