@@ -27,7 +27,10 @@ type queued interface {
 // round trip), in a batch of its own beside it, up to maxInFlight at once.
 // Near Redis one batch is out at a time, and each carries all that came
 // meanwhile: fewer round trips, less Redis CPU, and a closed loop that
-// warms sooner. Far away, a decision waits about one round trip and a gap,
+// warms sooner; but while the round trips run near their floor (nothing
+// queues before Redis), a caller's own call may go beside it (see
+// overlaps), so that two callers do not wait on each other's round trips
+// in turn. Far away, a decision waits about one round trip and a gap,
 // not the rest of the batch on its way and then its own.
 type queue struct {
 	mu          gosync.Mutex
