@@ -56,7 +56,7 @@ type queue struct {
 	// yielding first, and how many the next slow yield skips.
 	skip, skipNext atomic.Int64
 
-	rtt rttTrack // the round trips of its batches, with mu held (see beside)
+	rtt rttTrack // the round trips of its batches and own sends, with mu held (see overlaps)
 }
 
 // rttTrack follows a queue's round trips (a batch sent to its exchange
@@ -148,8 +148,9 @@ func (q *queue) add(t queued) {
 // its time on the 2-core VM (the sim with one caller: 0.86-0.87 times
 // per-request Redis's decisions/s, against 0.67-0.76). It sends t on the
 // caller's goroutine too beside one batch on its way, while nothing is
-// queued, when overlaps allows it. Otherwise it queues t as add does: the calls of an instance whose batches carry several go
-// together, gathered as awaitReturn gathers them. Either way it returns
+// queued, when overlaps allows it. Otherwise it queues t as add does:
+// the calls of an instance whose batches carry several go together,
+// gathered as awaitReturn gathers them. Either way it returns
 // when w's done closes or the caller's wait ends first, with w's answer
 // (see wait); the exchange goes on without a caller that left.
 func (q *queue) own(t queued, w waitFor) error {
@@ -170,11 +171,11 @@ func (q *queue) own(t queued, w waitFor) error {
 
 // overlaps reports, with q locked and nothing queued, whether a caller
 // may send its own call beside the one batch on its way to a Redis near
-// by: only while the round trips run at their floor (rttTrack.atFloor),
+// by: only while the round trips run near their floor (rttTrack.atFloor),
 // where the callers' time between batches, not Redis's, holds them back
-// (two or four callers of an instance, each of whose calls then waits
-// on its own round trip, as with per-request Redis, not on the rest of
-// the one on its way first). On a busy Redis or host, one batch at a
+// (a few callers of an instance, each of whose calls then waits on its
+// own round trip, as with per-request Redis, not on the rest of the one
+// on its way first). On a busy Redis or host, one batch at a
 // time carries what came meanwhile, and costs both less.
 func (q *queue) overlaps() bool {
 	return q.running == 1 && q.gap() <= 0 && q.rtt.atFloor()
